@@ -1,0 +1,279 @@
+//! Broker and topic configuration, with defaults and bounds.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// When appended data is made durable with fdatasync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushPolicy {
+    /// fdatasync before an append is acknowledged; concurrent appends share one.
+    Always,
+    /// fdatasync every `ms` milliseconds or `bytes` bytes, whichever first.
+    Interval { ms: u64, bytes: u64 },
+    /// Never fdatasync explicitly (replicated topics rely on replicas).
+    Never,
+}
+
+pub const FLUSH_INTERVAL_MS_DEFAULT: u64 = 1000;
+pub const FLUSH_INTERVAL_BYTES_DEFAULT: u64 = 64 << 20;
+
+impl Default for FlushPolicy {
+    fn default() -> Self {
+        FlushPolicy::Interval { ms: FLUSH_INTERVAL_MS_DEFAULT, bytes: FLUSH_INTERVAL_BYTES_DEFAULT }
+    }
+}
+
+/// Per-topic settings (Kafka's names in `TopicConfig::set`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicConfig {
+    pub flush: FlushPolicy,
+    pub segment_bytes: u64,
+    pub segment_ms: u64,
+    /// `None`: unbounded.
+    pub retention_bytes: Option<u64>,
+    /// `None`: unbounded.
+    pub retention_ms: Option<u64>,
+    pub index_interval_bytes: u32,
+    pub batch_bytes_max: u32,
+}
+
+pub const SEGMENT_BYTES_DEFAULT: u64 = 1 << 30;
+pub const SEGMENT_BYTES_MIN: u64 = 64 << 10;
+pub const SEGMENT_MS_DEFAULT: u64 = 7 * 24 * 3600 * 1000;
+pub const RETENTION_MS_DEFAULT: u64 = 7 * 24 * 3600 * 1000;
+pub const INDEX_INTERVAL_BYTES_DEFAULT: u32 = 4096;
+pub const BATCH_BYTES_MAX_DEFAULT: u32 = 16 << 20;
+
+impl Default for TopicConfig {
+    fn default() -> Self {
+        TopicConfig {
+            flush: FlushPolicy::default(),
+            segment_bytes: SEGMENT_BYTES_DEFAULT,
+            segment_ms: SEGMENT_MS_DEFAULT,
+            retention_bytes: None,
+            retention_ms: Some(RETENTION_MS_DEFAULT),
+            index_interval_bytes: INDEX_INTERVAL_BYTES_DEFAULT,
+            batch_bytes_max: BATCH_BYTES_MAX_DEFAULT,
+        }
+    }
+}
+
+/// A bad topic setting.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("unknown topic config `{0}`")]
+    Unknown(String),
+    #[error("invalid value `{value}` for `{name}`: {why}")]
+    Invalid { name: String, value: String, why: &'static str },
+}
+
+fn parse_u64(name: &str, value: &str) -> Result<u64, ConfigError> {
+    value.parse::<u64>().map_err(|_| ConfigError::Invalid {
+        name: name.into(),
+        value: value.into(),
+        why: "expected a non-negative integer",
+    })
+}
+
+/// `-1` means unbounded, as in Kafka.
+fn parse_bound(name: &str, value: &str) -> Result<Option<u64>, ConfigError> {
+    if value.trim() == "-1" {
+        return Ok(None);
+    }
+    parse_u64(name, value).map(Some)
+}
+
+impl TopicConfig {
+    /// Applies one `name=value` setting with Kafka's names.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<(), ConfigError> {
+        let invalid = |why| ConfigError::Invalid { name: name.into(), value: value.into(), why };
+        match name {
+            "flush.policy" => {
+                self.flush = match value {
+                    "always" => FlushPolicy::Always,
+                    "never" => FlushPolicy::Never,
+                    "interval" => match self.flush {
+                        FlushPolicy::Interval { .. } => self.flush,
+                        _ => FlushPolicy::default(),
+                    },
+                    _ => return Err(invalid("expected always, interval or never")),
+                }
+            }
+            "flush.ms" => {
+                let ms = parse_u64(name, value)?;
+                self.flush = match self.flush {
+                    FlushPolicy::Interval { bytes, .. } => FlushPolicy::Interval { ms, bytes },
+                    _ => FlushPolicy::Interval { ms, bytes: FLUSH_INTERVAL_BYTES_DEFAULT },
+                };
+            }
+            "flush.bytes" | "flush.messages.bytes" => {
+                let bytes = parse_u64(name, value)?;
+                self.flush = match self.flush {
+                    FlushPolicy::Interval { ms, .. } => FlushPolicy::Interval { ms, bytes },
+                    _ => FlushPolicy::Interval { ms: FLUSH_INTERVAL_MS_DEFAULT, bytes },
+                };
+            }
+            "segment.bytes" => {
+                let v = parse_u64(name, value)?;
+                if v < SEGMENT_BYTES_MIN {
+                    return Err(invalid("must be at least 65536"));
+                }
+                self.segment_bytes = v;
+            }
+            "segment.ms" => self.segment_ms = parse_u64(name, value)?.max(1),
+            "retention.bytes" => self.retention_bytes = parse_bound(name, value)?,
+            "retention.ms" => self.retention_ms = parse_bound(name, value)?,
+            "index.interval.bytes" => {
+                self.index_interval_bytes =
+                    u32::try_from(parse_u64(name, value)?.max(1)).map_err(|_| invalid("too large"))?;
+            }
+            "max.message.bytes" => {
+                self.batch_bytes_max =
+                    u32::try_from(parse_u64(name, value)?).map_err(|_| invalid("too large"))?;
+            }
+            _ => return Err(ConfigError::Unknown(name.into())),
+        }
+        Ok(())
+    }
+
+    /// The settings as `name=value` pairs (Kafka's names), for describe and
+    /// for persisting topic metadata.
+    #[must_use]
+    pub fn entries(&self) -> Vec<(String, String)> {
+        let bound = |v: Option<u64>| v.map_or("-1".to_string(), |v| v.to_string());
+        let mut out = Vec::new();
+        match self.flush {
+            FlushPolicy::Always => out.push(("flush.policy".into(), "always".into())),
+            FlushPolicy::Never => out.push(("flush.policy".into(), "never".into())),
+            FlushPolicy::Interval { ms, bytes } => {
+                out.push(("flush.policy".into(), "interval".into()));
+                out.push(("flush.ms".into(), ms.to_string()));
+                out.push(("flush.bytes".into(), bytes.to_string()));
+            }
+        }
+        out.push(("segment.bytes".into(), self.segment_bytes.to_string()));
+        out.push(("segment.ms".into(), self.segment_ms.to_string()));
+        out.push(("retention.bytes".into(), bound(self.retention_bytes)));
+        out.push(("retention.ms".into(), bound(self.retention_ms)));
+        out.push(("index.interval.bytes".into(), self.index_interval_bytes.to_string()));
+        out.push(("max.message.bytes".into(), self.batch_bytes_max.to_string()));
+        out
+    }
+
+    /// Builds a config from defaults plus `name=value` settings.
+    pub fn from_entries<'a>(
+        entries: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<TopicConfig, ConfigError> {
+        let mut config = TopicConfig::default();
+        for (k, v) in entries {
+            config.set(k, v)?;
+        }
+        Ok(config)
+    }
+}
+
+/// Bounds on everything a peer can make the broker hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest envelope flatbuffer of a request.
+    pub header_bytes_max: u32,
+    /// Largest raw payload (record batches) of one request.
+    pub request_payload_bytes_max: u32,
+    pub connections_max: usize,
+    pub in_flight_per_connection_max: usize,
+    pub partitions_max: usize,
+    /// Bytes of produce data a shard holds in flight before it pushes back.
+    pub shard_buffered_bytes_max: usize,
+    /// Longest `max_wait_ms` a fetch may ask for.
+    pub fetch_wait_ms_max: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_bytes_max: shardlog_schema::frame::HEADER_BYTES_MAX_DEFAULT,
+            request_payload_bytes_max: shardlog_schema::frame::PAYLOAD_BYTES_MAX_DEFAULT,
+            connections_max: 10_000,
+            in_flight_per_connection_max: 256,
+            partitions_max: 100_000,
+            shard_buffered_bytes_max: 512 << 20,
+            fetch_wait_ms_max: 60_000,
+        }
+    }
+}
+
+/// Everything `shardlog serve` needs.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    pub data_dir: PathBuf,
+    /// The public address all shards accept on (SO_REUSEPORT). Port 0 picks one.
+    pub listen: SocketAddr,
+    /// First per-shard port; shard `i` listens on `base + i`. `None`: the
+    /// public port + 1 when it is fixed, ephemeral ports when it is 0.
+    pub shard_port_base: Option<u16>,
+    /// Host name put in metadata; defaults to the listen IP.
+    pub advertised_host: Option<String>,
+    /// Number of shards (executor threads); defaults to the core count.
+    pub shards: usize,
+    /// Pin each shard to a core.
+    pub pin_cores: bool,
+    pub broker_id: i32,
+    pub limits: Limits,
+    /// Defaults for topics created without explicit settings.
+    pub topic_defaults: TopicConfig,
+    pub retention_check_interval: Duration,
+    /// Prometheus `/metrics` listener.
+    pub admin_listen: Option<SocketAddr>,
+}
+
+impl BrokerConfig {
+    #[must_use]
+    pub fn new(data_dir: PathBuf, listen: SocketAddr) -> Self {
+        BrokerConfig {
+            data_dir,
+            listen,
+            shard_port_base: None,
+            advertised_host: None,
+            shards: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            pin_cores: true,
+            broker_id: 0,
+            limits: Limits::default(),
+            topic_defaults: TopicConfig::default(),
+            retention_check_interval: Duration::from_secs(30),
+            admin_listen: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kafka_names_round_trip() {
+        let c = TopicConfig::from_entries([
+            ("flush.policy", "always"),
+            ("segment.bytes", "1048576"),
+            ("retention.bytes", "-1"),
+            ("retention.ms", "60000"),
+        ])
+        .expect("valid");
+        assert_eq!(c.flush, FlushPolicy::Always);
+        assert_eq!(c.retention_bytes, None);
+        let entries = c.entries();
+        let back = TopicConfig::from_entries(entries.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .expect("round trip");
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn bad_settings_are_typed_errors() {
+        let mut c = TopicConfig::default();
+        assert_eq!(c.set("no.such", "1"), Err(ConfigError::Unknown("no.such".into())));
+        assert!(matches!(c.set("segment.bytes", "12"), Err(ConfigError::Invalid { .. })));
+        assert!(matches!(c.set("flush.policy", "sometimes"), Err(ConfigError::Invalid { .. })));
+        c.set("flush.ms", "5").expect("valid");
+        assert_eq!(c.flush, FlushPolicy::Interval { ms: 5, bytes: FLUSH_INTERVAL_BYTES_DEFAULT });
+    }
+}

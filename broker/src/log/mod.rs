@@ -1,0 +1,1 @@
+//! Partition log storage. See `LogHelper` task.

@@ -1,0 +1,523 @@
+//! The record batch: the unit of append, replication, fetch and storage.
+//! The same bytes travel on the wire and sit in segment files.
+//!
+//! ```text
+//!  off size field               notes
+//!    0   8  base_offset   u64   stamped by the broker on append
+//!    8   4  batch_length  u32   bytes after this field (total = 12 + batch_length)
+//!   12   4  leader_epoch  i32   stamped by the broker on append
+//!   16   1  magic         u8    BATCH_MAGIC
+//!   17   4  crc           u32   CRC32C of bytes [21, total)
+//!   21   2  attributes    u16   bits 0-2 codec, bit 3 timestamp type, bit 4 transactional, bit 5 control
+//!   23   4  last_offset_delta u32  record_count - 1
+//!   27   8  first_timestamp   i64  ms since the Unix epoch
+//!   35   8  max_timestamp     i64
+//!   43   8  producer_id       i64  -1 when not idempotent
+//!   51   2  producer_epoch    i16
+//!   53   4  base_sequence     i32
+//!   57   4  record_count      u32
+//!   61   .. records: a `RecordSet` flatbuffer (compressed as a whole when codec != 0)
+//! ```
+//!
+//! All integers are little-endian. The layout is a superset of Kafka's v2 batch
+//! header (same fields, same order), so a Kafka-protocol gateway can translate
+//! losslessly. The CRC covers everything after the CRC field; the fields the
+//! broker stamps (base offset, leader epoch) sit before it, so stamping never
+//! recomputes the CRC.
+
+use crate::wire;
+use flatbuffers::{FlatBufferBuilder, InvalidFlatbuffer, WIPOffset};
+
+/// Size of the fixed batch header.
+pub const BATCH_HEADER_BYTES: usize = 61;
+/// Bytes before `batch_length`'s coverage starts (base offset + length field).
+pub const BATCH_LENGTH_PREFIX_BYTES: usize = 12;
+/// Format marker. Kafka's v2 is 2 (big-endian); ours is little-endian, so it
+/// gets its own value.
+pub const BATCH_MAGIC: u8 = 0x53;
+/// First byte covered by the CRC.
+pub const CRC_START: usize = 21;
+
+const OFF_BASE_OFFSET: usize = 0;
+const OFF_BATCH_LENGTH: usize = 8;
+const OFF_LEADER_EPOCH: usize = 12;
+const OFF_MAGIC: usize = 16;
+const OFF_CRC: usize = 17;
+const OFF_ATTRIBUTES: usize = 21;
+const OFF_LAST_OFFSET_DELTA: usize = 23;
+const OFF_FIRST_TIMESTAMP: usize = 27;
+const OFF_MAX_TIMESTAMP: usize = 35;
+const OFF_PRODUCER_ID: usize = 43;
+const OFF_PRODUCER_EPOCH: usize = 51;
+const OFF_BASE_SEQUENCE: usize = 53;
+const OFF_RECORD_COUNT: usize = 57;
+
+/// Attribute bits.
+pub const ATTR_CODEC_MASK: u16 = 0b111;
+pub const ATTR_TIMESTAMP_LOG_APPEND: u16 = 1 << 3;
+pub const ATTR_TRANSACTIONAL: u16 = 1 << 4;
+pub const ATTR_CONTROL: u16 = 1 << 5;
+
+/// What went wrong with a batch. Each variant carries enough to log.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BatchError {
+    #[error("batch truncated: need {need} bytes, have {have}")]
+    Truncated { need: usize, have: usize },
+    #[error("bad batch magic {0:#04x}, expected {BATCH_MAGIC:#04x}")]
+    BadMagic(u8),
+    #[error("bad batch length {length} (header needs {min}, limit {max})")]
+    BadLength { length: u64, min: usize, max: usize },
+    #[error("batch CRC mismatch: header says {stored:#010x}, bytes give {computed:#010x}")]
+    CrcMismatch { stored: u32, computed: u32 },
+    #[error("batch record count {header} does not match {actual} records")]
+    RecordCountMismatch { header: u32, actual: usize },
+    #[error("batch uses compression codec {0}, which this version does not support")]
+    UnsupportedCodec(u16),
+    #[error("batch records are not a valid record set: {0}")]
+    Records(#[from] InvalidFlatbuffer),
+    #[error("batch has no records")]
+    Empty,
+}
+
+/// The parsed fixed header of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchHeader {
+    pub base_offset: u64,
+    pub batch_length: u32,
+    pub leader_epoch: i32,
+    pub magic: u8,
+    pub crc: u32,
+    pub attributes: u16,
+    pub last_offset_delta: u32,
+    pub first_timestamp: i64,
+    pub max_timestamp: i64,
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub base_sequence: i32,
+    pub record_count: u32,
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+impl BatchHeader {
+    /// Parses the fixed header. Checks only that the bytes are there and the
+    /// magic is right; see [`validate`] for the full check.
+    pub fn parse(buf: &[u8]) -> Result<BatchHeader, BatchError> {
+        if buf.len() < BATCH_HEADER_BYTES {
+            return Err(BatchError::Truncated { need: BATCH_HEADER_BYTES, have: buf.len() });
+        }
+        let magic = buf[OFF_MAGIC];
+        if magic != BATCH_MAGIC {
+            return Err(BatchError::BadMagic(magic));
+        }
+        Ok(BatchHeader {
+            base_offset: u64_at(buf, OFF_BASE_OFFSET),
+            batch_length: u32_at(buf, OFF_BATCH_LENGTH),
+            leader_epoch: u32_at(buf, OFF_LEADER_EPOCH) as i32,
+            magic,
+            crc: u32_at(buf, OFF_CRC),
+            attributes: u16_at(buf, OFF_ATTRIBUTES),
+            last_offset_delta: u32_at(buf, OFF_LAST_OFFSET_DELTA),
+            first_timestamp: u64_at(buf, OFF_FIRST_TIMESTAMP) as i64,
+            max_timestamp: u64_at(buf, OFF_MAX_TIMESTAMP) as i64,
+            producer_id: u64_at(buf, OFF_PRODUCER_ID) as i64,
+            producer_epoch: u16_at(buf, OFF_PRODUCER_EPOCH) as i16,
+            base_sequence: u32_at(buf, OFF_BASE_SEQUENCE) as i32,
+            record_count: u32_at(buf, OFF_RECORD_COUNT),
+        })
+    }
+
+    /// Total size of the batch in bytes, header included.
+    #[must_use]
+    pub fn total_bytes(&self) -> usize {
+        BATCH_LENGTH_PREFIX_BYTES + self.batch_length as usize
+    }
+
+    /// Offset of the last record in the batch.
+    #[must_use]
+    pub fn last_offset(&self) -> u64 {
+        self.base_offset + u64::from(self.last_offset_delta)
+    }
+
+    /// Offset after the batch.
+    #[must_use]
+    pub fn next_offset(&self) -> u64 {
+        self.last_offset() + 1
+    }
+
+    #[must_use]
+    pub fn codec(&self) -> u16 {
+        self.attributes & ATTR_CODEC_MASK
+    }
+}
+
+/// Reads the total length of the batch starting at `buf[0]` from its first
+/// 12 bytes, or `None` when fewer than 12 bytes are there.
+#[must_use]
+pub fn peek_total_bytes(buf: &[u8]) -> Option<usize> {
+    if buf.len() < BATCH_LENGTH_PREFIX_BYTES {
+        return None;
+    }
+    Some(BATCH_LENGTH_PREFIX_BYTES + u32_at(buf, OFF_BATCH_LENGTH) as usize)
+}
+
+/// CRC32C of a batch's covered bytes (everything after the CRC field).
+#[must_use]
+pub fn compute_crc(batch: &[u8]) -> u32 {
+    crc32c::crc32c(&batch[CRC_START..])
+}
+
+/// Validates the batch at the start of `buf`: header, length bounds, magic
+/// and CRC. Returns the header; the batch is `buf[..header.total_bytes()]`.
+/// This is the check done before an append and again during recovery.
+pub fn validate(buf: &[u8], batch_bytes_max: usize) -> Result<BatchHeader, BatchError> {
+    let header = BatchHeader::parse(buf)?;
+    let total = header.total_bytes();
+    if total < BATCH_HEADER_BYTES || total > batch_bytes_max {
+        return Err(BatchError::BadLength {
+            length: total as u64,
+            min: BATCH_HEADER_BYTES,
+            max: batch_bytes_max,
+        });
+    }
+    if buf.len() < total {
+        return Err(BatchError::Truncated { need: total, have: buf.len() });
+    }
+    let computed = compute_crc(&buf[..total]);
+    if computed != header.crc {
+        return Err(BatchError::CrcMismatch { stored: header.crc, computed });
+    }
+    if header.record_count == 0 {
+        return Err(BatchError::Empty);
+    }
+    if header.record_count != header.last_offset_delta + 1 {
+        return Err(BatchError::RecordCountMismatch {
+            header: header.record_count,
+            actual: header.last_offset_delta as usize + 1,
+        });
+    }
+    Ok(header)
+}
+
+/// Validates a batch fully: [`validate`] plus verification of the record set
+/// flatbuffer and its record count. Used by the broker on produce.
+pub fn validate_with_records(buf: &[u8], batch_bytes_max: usize) -> Result<BatchHeader, BatchError> {
+    let header = validate(buf, batch_bytes_max)?;
+    if header.codec() != 0 {
+        return Err(BatchError::UnsupportedCodec(header.codec()));
+    }
+    let set = flatbuffers::root::<wire::RecordSet>(&buf[BATCH_HEADER_BYTES..header.total_bytes()])?;
+    let actual = set.records().map_or(0, |r| r.len());
+    if actual != header.record_count as usize {
+        return Err(BatchError::RecordCountMismatch { header: header.record_count, actual });
+    }
+    Ok(header)
+}
+
+/// Stamps the broker-assigned fields. The CRC does not cover them.
+pub fn stamp(batch: &mut [u8], base_offset: u64, leader_epoch: i32) {
+    batch[OFF_BASE_OFFSET..OFF_BASE_OFFSET + 8].copy_from_slice(&base_offset.to_le_bytes());
+    batch[OFF_LEADER_EPOCH..OFF_LEADER_EPOCH + 4].copy_from_slice(&leader_epoch.to_le_bytes());
+}
+
+/// Builds one batch from records. The batch is built with base offset 0; the
+/// broker stamps the real one.
+pub struct BatchBuilder<'fbb> {
+    fbb: FlatBufferBuilder<'fbb>,
+    records: Vec<WIPOffset<wire::Record<'fbb>>>,
+    first_timestamp: i64,
+    max_timestamp: i64,
+}
+
+/// A record header as given to the builder.
+pub type HeaderRef<'a> = (&'a str, &'a [u8]);
+
+impl<'fbb> BatchBuilder<'fbb> {
+    #[must_use]
+    pub fn with_capacity(bytes: usize) -> Self {
+        BatchBuilder {
+            fbb: FlatBufferBuilder::with_capacity(bytes),
+            records: Vec::new(),
+            first_timestamp: 0,
+            max_timestamp: i64::MIN,
+        }
+    }
+
+    /// Adds a record. `timestamp_ms` is the create time.
+    pub fn push(&mut self, key: Option<&[u8]>, value: &[u8], headers: &[HeaderRef<'_>], timestamp_ms: i64) {
+        if self.records.is_empty() {
+            self.first_timestamp = timestamp_ms;
+        }
+        self.max_timestamp = self.max_timestamp.max(timestamp_ms);
+        let key = key.map(|k| self.fbb.create_vector(k));
+        let value = self.fbb.create_vector(value);
+        let headers = if headers.is_empty() {
+            None
+        } else {
+            let hs: Vec<_> = headers
+                .iter()
+                .map(|(k, v)| {
+                    let key = self.fbb.create_string(k);
+                    let value = self.fbb.create_vector(v);
+                    wire::RecordHeader::create(
+                        &mut self.fbb,
+                        &wire::RecordHeaderArgs { key: Some(key), value: Some(value) },
+                    )
+                })
+                .collect();
+            Some(self.fbb.create_vector(&hs))
+        };
+        let record = wire::Record::create(
+            &mut self.fbb,
+            &wire::RecordArgs {
+                offset_delta: self.records.len() as u32,
+                timestamp_delta: timestamp_ms - self.first_timestamp,
+                key,
+                value: Some(value),
+                headers,
+            },
+        );
+        self.records.push(record);
+    }
+
+    /// Number of records pushed so far.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Bytes the finished batch will take, give or take the vector of offsets.
+    #[must_use]
+    pub fn estimated_bytes(&self) -> usize {
+        BATCH_HEADER_BYTES + self.fbb.unfinished_data().len() + 4 * self.records.len() + 16
+    }
+
+    /// Finishes the batch into `out` (appended) and returns its header.
+    ///
+    /// # Panics
+    /// When no record was pushed: an empty batch is a caller bug.
+    pub fn finish_into(mut self, out: &mut Vec<u8>) -> BatchHeader {
+        assert!(!self.records.is_empty(), "a batch has at least one record");
+        let records = self.fbb.create_vector(&self.records);
+        let set = wire::RecordSet::create(&mut self.fbb, &wire::RecordSetArgs { records: Some(records) });
+        self.fbb.finish_minimal(set);
+        let body = self.fbb.finished_data();
+        let start = out.len();
+        let total = BATCH_HEADER_BYTES + body.len();
+        let header = BatchHeader {
+            base_offset: 0,
+            batch_length: (total - BATCH_LENGTH_PREFIX_BYTES) as u32,
+            leader_epoch: -1,
+            magic: BATCH_MAGIC,
+            crc: 0,
+            attributes: 0,
+            last_offset_delta: (self.records.len() - 1) as u32,
+            first_timestamp: self.first_timestamp,
+            max_timestamp: self.max_timestamp,
+            producer_id: -1,
+            producer_epoch: -1,
+            base_sequence: -1,
+            record_count: self.records.len() as u32,
+        };
+        out.resize(start + BATCH_HEADER_BYTES, 0);
+        write_header(&header, &mut out[start..]);
+        out.extend_from_slice(body);
+        let crc = compute_crc(&out[start..]);
+        out[start + OFF_CRC..start + OFF_CRC + 4].copy_from_slice(&crc.to_le_bytes());
+        BatchHeader { crc, ..header }
+    }
+
+    /// Finishes the batch into a new vector.
+    #[must_use]
+    pub fn finish(self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.estimated_bytes());
+        self.finish_into(&mut out);
+        out
+    }
+}
+
+fn write_header(h: &BatchHeader, b: &mut [u8]) {
+    b[OFF_BASE_OFFSET..][..8].copy_from_slice(&h.base_offset.to_le_bytes());
+    b[OFF_BATCH_LENGTH..][..4].copy_from_slice(&h.batch_length.to_le_bytes());
+    b[OFF_LEADER_EPOCH..][..4].copy_from_slice(&h.leader_epoch.to_le_bytes());
+    b[OFF_MAGIC] = h.magic;
+    b[OFF_CRC..][..4].copy_from_slice(&h.crc.to_le_bytes());
+    b[OFF_ATTRIBUTES..][..2].copy_from_slice(&h.attributes.to_le_bytes());
+    b[OFF_LAST_OFFSET_DELTA..][..4].copy_from_slice(&h.last_offset_delta.to_le_bytes());
+    b[OFF_FIRST_TIMESTAMP..][..8].copy_from_slice(&h.first_timestamp.to_le_bytes());
+    b[OFF_MAX_TIMESTAMP..][..8].copy_from_slice(&h.max_timestamp.to_le_bytes());
+    b[OFF_PRODUCER_ID..][..8].copy_from_slice(&h.producer_id.to_le_bytes());
+    b[OFF_PRODUCER_EPOCH..][..2].copy_from_slice(&h.producer_epoch.to_le_bytes());
+    b[OFF_BASE_SEQUENCE..][..4].copy_from_slice(&h.base_sequence.to_le_bytes());
+    b[OFF_RECORD_COUNT..][..4].copy_from_slice(&h.record_count.to_le_bytes());
+}
+
+/// One record read back from a batch, with absolute offset and timestamp.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordView<'a> {
+    pub offset: u64,
+    pub timestamp_ms: i64,
+    pub key: Option<&'a [u8]>,
+    pub value: &'a [u8],
+    pub headers: Vec<(&'a str, &'a [u8])>,
+}
+
+/// Decodes the records of one validated batch (`batch` is exactly one batch).
+pub fn records(batch: &[u8]) -> Result<Vec<RecordView<'_>>, BatchError> {
+    let header = BatchHeader::parse(batch)?;
+    if header.codec() != 0 {
+        return Err(BatchError::UnsupportedCodec(header.codec()));
+    }
+    let end = header.total_bytes().min(batch.len());
+    let set = flatbuffers::root::<wire::RecordSet>(&batch[BATCH_HEADER_BYTES..end])?;
+    let Some(records) = set.records() else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(records.len());
+    for r in records {
+        let headers = r
+            .headers()
+            .map(|hs| {
+                hs.iter().map(|h| (h.key().unwrap_or(""), h.value().map_or(&[][..], |v| v.bytes()))).collect()
+            })
+            .unwrap_or_default();
+        out.push(RecordView {
+            offset: header.base_offset + u64::from(r.offset_delta()),
+            timestamp_ms: header.first_timestamp + r.timestamp_delta(),
+            key: r.key().map(|k| k.bytes()),
+            value: r.value().map_or(&[][..], |v| v.bytes()),
+            headers,
+        });
+    }
+    Ok(out)
+}
+
+/// Iterates over the whole batches in a buffer of concatenated batches
+/// (a fetch response's partition data, a segment file's bytes). Stops at the
+/// first incomplete batch at the end; yields an error for a corrupt one and
+/// then stops.
+pub struct BatchIter<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    batch_bytes_max: usize,
+    failed: bool,
+}
+
+impl<'a> BatchIter<'a> {
+    #[must_use]
+    pub fn new(buf: &'a [u8], batch_bytes_max: usize) -> Self {
+        BatchIter { buf, pos: 0, batch_bytes_max, failed: false }
+    }
+
+    /// Byte position of the next batch.
+    #[must_use]
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+}
+
+impl<'a> Iterator for BatchIter<'a> {
+    type Item = Result<(BatchHeader, &'a [u8]), BatchError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        let rest = &self.buf[self.pos..];
+        let total = peek_total_bytes(rest)?;
+        if rest.len() < total && total <= self.batch_bytes_max {
+            return None; // incomplete tail
+        }
+        match validate(rest, self.batch_bytes_max) {
+            Ok(h) => {
+                let bytes = &rest[..h.total_bytes()];
+                self.pos += h.total_bytes();
+                Some(Ok((h, bytes)))
+            }
+            Err(e) => {
+                self.failed = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn build(records: &[(Option<Vec<u8>>, Vec<u8>)], ts: i64) -> Vec<u8> {
+        let mut b = BatchBuilder::with_capacity(1024);
+        for (i, (k, v)) in records.iter().enumerate() {
+            b.push(k.as_deref(), v, &[("h", b"x")], ts + i as i64);
+        }
+        b.finish()
+    }
+
+    #[test]
+    fn stamp_keeps_crc_valid() {
+        let mut batch = build(&[(None, b"hello".to_vec()), (Some(b"k".to_vec()), b"w".to_vec())], 1000);
+        stamp(&mut batch, 42, 7);
+        let h = validate_with_records(&batch, 1 << 20).expect("valid");
+        assert_eq!(h.base_offset, 42);
+        assert_eq!(h.leader_epoch, 7);
+        assert_eq!(h.last_offset(), 43);
+        let recs = records(&batch).expect("records");
+        assert_eq!(recs[0].offset, 42);
+        assert_eq!(recs[1].key, Some(&b"k"[..]));
+        assert_eq!(recs[1].timestamp_ms, 1001);
+        assert_eq!(recs[1].headers, vec![("h", &b"x"[..])]);
+    }
+
+    #[test]
+    fn flipped_byte_is_caught() {
+        let batch = build(&[(None, b"hello".to_vec())], 1);
+        for i in CRC_START..batch.len() {
+            let mut bad = batch.clone();
+            bad[i] ^= 0x40;
+            assert!(validate(&bad, 1 << 20).is_err(), "flip at {i} not detected");
+        }
+    }
+
+    #[test]
+    fn iter_stops_at_partial_tail() {
+        let mut buf = build(&[(None, b"a".to_vec())], 1);
+        let one = buf.len();
+        buf.extend_from_slice(&build(&[(None, b"b".to_vec())], 2));
+        buf.truncate(buf.len() - 3);
+        let got: Vec<_> = BatchIter::new(&buf, 1 << 20).collect();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].as_ref().expect("ok").1.len(), one);
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip(recs in prop::collection::vec(
+            (prop::option::of(prop::collection::vec(any::<u8>(), 0..16)), prop::collection::vec(any::<u8>(), 0..200)),
+            1..50), ts in 0i64..1_000_000_000_000) {
+            let batch = build(&recs, ts);
+            let h = validate_with_records(&batch, 1 << 20).unwrap();
+            prop_assert_eq!(h.record_count as usize, recs.len());
+            let back = records(&batch).unwrap();
+            for (i, (r, (k, v))) in back.iter().zip(recs.iter()).enumerate() {
+                prop_assert_eq!(r.offset, i as u64);
+                prop_assert_eq!(r.key, k.as_deref());
+                prop_assert_eq!(r.value, &v[..]);
+            }
+        }
+    }
+}
