@@ -1,8 +1,381 @@
 //! The Shardlog broker: a thread-per-core server over partitioned commit logs.
 //!
 //! Modules follow the data path (see ARCHITECTURE.md):
-//! `net` → `dispatch` → `shard` → `partition` → `log` → `io`,
-//! plus `config`, `topics` (topic metadata store) and `metrics`.
+//! `net` → `dispatch` → `shard` → `partition` → `log`,
+//! plus `config` and `topics` (topic metadata store).
+//!
+//! [`start`] brings a broker up and returns a handle; [`run`] is what
+//! `shardlog serve` calls: start, wait for SIGINT/SIGTERM, stop gracefully.
 
 pub mod config;
+pub mod dispatch;
 pub mod log;
+pub mod metrics;
+pub mod net;
+pub mod partition;
+pub mod shard;
+pub mod topics;
+
+use crate::config::BrokerConfig;
+use crate::shard::{Endpoints, ShardContext, ShardMsg, MESH_CHANNEL_CAPACITY};
+use crate::topics::{FileTopicStore, TopicStore, TopicTable};
+use glommio::channels::channel_mesh::MeshBuilder;
+use glommio::ExecutorJoinHandle;
+use glommio::{LocalExecutorBuilder, Placement};
+use shardlog_schema::ShardId;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// Why the broker could not start or stopped badly.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("cannot use data directory {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Topics(#[from] topics::TopicsError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("shard {shard} failed to start: {message}")]
+    Shard { shard: usize, message: String },
+    #[error("cannot start shard thread: {0}")]
+    Thread(String),
+    #[error("cannot install signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
+}
+
+/// How long shutdown waits for in-flight requests.
+pub const SHUTDOWN_DRAIN_MAX: Duration = Duration::from_secs(10);
+/// How often a shard checks for shutdown.
+const SHUTDOWN_POLL: Duration = Duration::from_millis(50);
+
+/// Where a started broker listens.
+#[derive(Debug, Clone)]
+pub struct ReadyInfo {
+    pub listen: SocketAddr,
+    pub shard_ports: Vec<u16>,
+    pub data_dir: PathBuf,
+}
+
+impl ReadyInfo {
+    /// The line `shardlog serve` prints on stdout once it serves; scripts and
+    /// tests parse it.
+    #[must_use]
+    pub fn ready_line(&self) -> String {
+        let ports: Vec<String> = self.shard_ports.iter().map(u16::to_string).collect();
+        format!(
+            "shardlog ready: listen={} shard_ports={} data_dir={}",
+            self.listen,
+            ports.join(","),
+            self.data_dir.display()
+        )
+    }
+}
+
+/// A running broker.
+pub struct BrokerHandle {
+    pub ready: ReadyInfo,
+    stop: Arc<AtomicBool>,
+    threads: Vec<ExecutorJoinHandle<Result<(), String>>>,
+}
+
+impl BrokerHandle {
+    /// Stops accepting, drains in-flight requests, flushes and closes every
+    /// log (writing the clean-shutdown markers), and joins the shards.
+    pub fn shutdown(self) -> Result<(), BrokerError> {
+        self.stop.store(true, Ordering::Release);
+        let mut first_error = None;
+        for (shard, t) in self.threads.into_iter().enumerate() {
+            let result = t.join().map_err(|e| format!("shard thread failed: {e}")).and_then(|r| r);
+            if let Err(message) = result {
+                tracing::error!(shard, %message, "shard stopped with an error");
+                first_error.get_or_insert(BrokerError::Shard { shard, message });
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// `shardlog serve`: starts, prints the ready line, serves until SIGINT or
+/// SIGTERM, then shuts down gracefully.
+pub fn run(config: BrokerConfig) -> Result<(), BrokerError> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(BrokerError::Signals)?;
+    let handle = start(config)?;
+    println!("{}", handle.ready.ready_line());
+    let signal = signals.forever().next();
+    tracing::info!(?signal, "shutting down");
+    handle.shutdown()?;
+    tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+fn check_config(config: &BrokerConfig) -> Result<(), BrokerError> {
+    let l = &config.limits;
+    if config.shards == 0 || config.shards > 256 {
+        return Err(BrokerError::Config(format!("shards must be 1 to 256, not {}", config.shards)));
+    }
+    if l.request_payload_bytes_max as usize > l.shard_buffered_bytes_max {
+        return Err(BrokerError::Config(format!(
+            "request payload limit ({}) must not exceed the shard buffer budget ({})",
+            l.request_payload_bytes_max, l.shard_buffered_bytes_max
+        )));
+    }
+    if l.in_flight_per_connection_max == 0 || l.connections_max == 0 {
+        return Err(BrokerError::Config("connection and in-flight limits must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// Binds the public address with SO_REUSEPORT but never listens on it: it
+/// only reserves the port (resolving port 0) until the shards have bound
+/// their own listeners to it. TCP lookups only consider listening sockets.
+fn reserve_public_port(addr: SocketAddr) -> Result<(socket2::Socket, SocketAddr), BrokerError> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let err = |source| BrokerError::Listen { addr, source };
+    let domain = if addr.is_ipv6() { Domain::IPV6 } else { Domain::IPV4 };
+    let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP)).map_err(err)?;
+    socket.set_reuse_port(true).map_err(err)?;
+    socket.bind(&addr.into()).map_err(err)?;
+    let bound = socket.local_addr().map_err(err)?.as_socket().ok_or_else(|| BrokerError::Listen {
+        addr,
+        source: std::io::Error::other("not an IP socket address"),
+    })?;
+    Ok((socket, bound))
+}
+
+enum Startup {
+    Bound { shard: usize, port: u16 },
+    Serving { shard: usize },
+    Failed { shard: usize, message: String },
+}
+
+/// Starts a broker and returns once every shard serves.
+pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
+    check_config(&config)?;
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|source| BrokerError::DataDir { path: config.data_dir.clone(), source })?;
+    let data_dir = config
+        .data_dir
+        .canonicalize()
+        .map_err(|source| BrokerError::DataDir { path: config.data_dir.clone(), source })?;
+    let config = BrokerConfig { data_dir, ..config };
+    let topics = FileTopicStore::new(&config.data_dir).load()?;
+    let (reservation, public) = reserve_public_port(config.listen)?;
+    let shards = config.shards;
+    let shard_port = |i: usize| -> u16 {
+        match (config.shard_port_base, public.port()) {
+            (Some(base), _) => base + i as u16,
+            (None, 0) => 0,
+            (None, p) => p + 1 + i as u16,
+        }
+    };
+    let host = config.advertised_host.clone().unwrap_or_else(|| match public.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => "127.0.0.1".to_string(),
+        ip => ip.to_string(),
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let mesh = MeshBuilder::full(shards, MESH_CHANNEL_CAPACITY);
+    let (status_tx, status_rx) = mpsc::channel::<Startup>();
+    let mut port_txs = Vec::with_capacity(shards);
+    let mut threads = Vec::with_capacity(shards);
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    for i in 0..shards {
+        let (port_tx, port_rx) = mpsc::channel::<Vec<u16>>();
+        port_txs.push(port_tx);
+        let placement = match cores.get(i % cores.len().max(1)) {
+            Some(core) if config.pin_cores => Placement::Fixed(core.id),
+            _ => Placement::Unbound,
+        };
+        let spec = ShardSpec {
+            id: i,
+            config: config.clone(),
+            public,
+            shard_port: shard_port(i),
+            host: host.clone(),
+            topics: topics.clone(),
+            mesh: mesh.clone(),
+            status: status_tx.clone(),
+            ports: port_rx,
+            stop: stop.clone(),
+        };
+        let status = status_tx.clone();
+        let t = LocalExecutorBuilder::new(placement)
+            .name(&format!("shard-{i}"))
+            .spawn(move || async move {
+                let r = shard_main(spec).await;
+                if let Err(message) = &r {
+                    let _gone = status.send(Startup::Failed { shard: i, message: message.clone() });
+                }
+                r
+            })
+            .map_err(|e| BrokerError::Thread(e.to_string()))?;
+        threads.push(t);
+    }
+    drop(status_tx);
+    let fail = |stop: &AtomicBool, threads: Vec<ExecutorJoinHandle<Result<(), String>>>, err: BrokerError| {
+        stop.store(true, Ordering::Release);
+        for t in threads {
+            let _ignored = t.join();
+        }
+        Err(err)
+    };
+    let mut ports = vec![0u16; shards];
+    let mut bound = 0;
+    while bound < shards {
+        match status_rx.recv() {
+            Ok(Startup::Bound { shard, port }) => {
+                ports[shard] = port;
+                bound += 1;
+            }
+            Ok(Startup::Failed { shard, message }) => {
+                return fail(&stop, threads, BrokerError::Shard { shard, message })
+            }
+            Ok(Startup::Serving { .. }) => {}
+            Err(_) => {
+                return fail(&stop, threads, BrokerError::Thread("a shard exited during start-up".into()))
+            }
+        }
+    }
+    drop(reservation);
+    for tx in &port_txs {
+        let _exited = tx.send(ports.clone());
+    }
+    let mut serving = 0;
+    while serving < shards {
+        match status_rx.recv() {
+            Ok(Startup::Serving { .. }) => serving += 1,
+            Ok(Startup::Failed { shard, message }) => {
+                return fail(&stop, threads, BrokerError::Shard { shard, message })
+            }
+            Ok(Startup::Bound { .. }) => {}
+            Err(_) => {
+                return fail(&stop, threads, BrokerError::Thread("a shard exited during start-up".into()))
+            }
+        }
+    }
+    let ready = ReadyInfo { listen: public, shard_ports: ports, data_dir: config.data_dir.clone() };
+    tracing::info!(listen = %public, shard_ports = ?ready.shard_ports, shards, topics = topics.len(), "broker serving");
+    Ok(BrokerHandle { ready, stop, threads })
+}
+
+struct ShardSpec {
+    id: usize,
+    config: BrokerConfig,
+    public: SocketAddr,
+    shard_port: u16,
+    host: String,
+    topics: TopicTable,
+    mesh: MeshBuilder<ShardMsg, glommio::channels::channel_mesh::Full>,
+    status: mpsc::Sender<Startup>,
+    ports: mpsc::Receiver<Vec<u16>>,
+    stop: Arc<AtomicBool>,
+}
+
+async fn shard_main(spec: ShardSpec) -> Result<(), String> {
+    let id = spec.id;
+    let public =
+        glommio::net::TcpListener::bind(spec.public).map_err(|e| format!("bind {}: {e}", spec.public))?;
+    let own_addr = SocketAddr::new(spec.public.ip(), spec.shard_port);
+    let own = glommio::net::TcpListener::bind(own_addr).map_err(|e| format!("bind {own_addr}: {e}"))?;
+    let port = own.local_addr().map_err(|e| e.to_string())?.port();
+    spec.status.send(Startup::Bound { shard: id, port }).map_err(|e| e.to_string())?;
+    // Start-up only: wait (blocking this not-yet-serving thread) for the port
+    // list of all shards.
+    let shard_ports = spec.ports.recv().map_err(|_| "start-up aborted".to_string())?;
+    let (senders, receivers) =
+        spec.mesh.join().await.map_err(|e| format!("cannot join the shard mesh: {e}"))?;
+    let store: Option<Box<dyn TopicStore>> =
+        (id == 0).then(|| Box::new(FileTopicStore::new(&spec.config.data_dir)) as Box<dyn TopicStore>);
+    let endpoints = Endpoints { host: spec.host, public_port: spec.public.port(), shard_ports };
+    let config = Rc::new(spec.config);
+    let ctx =
+        ShardContext::new(ShardId(id as u16), config.clone(), endpoints, TopicTable::new(), senders, store);
+    ctx.spawn_mesh_receivers(receivers);
+    for meta in spec.topics.into_values() {
+        ctx.apply_topic(meta).await?;
+    }
+    let accept_public = glommio::spawn_local(net::accept_loop(ctx.clone(), public, "public"));
+    let accept_own = glommio::spawn_local(net::accept_loop(ctx.clone(), own, "shard"));
+    let retention = glommio::spawn_local(retention_loop(ctx.clone()));
+    let admin = match (id, config.admin_listen) {
+        (0, Some(addr)) => {
+            let l = glommio::net::TcpListener::bind(addr).map_err(|e| format!("bind admin {addr}: {e}"))?;
+            Some(glommio::spawn_local(metrics::admin_loop(ctx.clone(), l)))
+        }
+        _ => None,
+    };
+    spec.status.send(Startup::Serving { shard: id }).map_err(|e| e.to_string())?;
+    while !spec.stop.load(Ordering::Acquire) {
+        glommio::timer::sleep(SHUTDOWN_POLL).await;
+    }
+    if let Some(admin) = admin {
+        admin.cancel().await;
+    }
+    shutdown_shard(&ctx, [accept_public, accept_own, retention]).await
+}
+
+async fn shutdown_shard(ctx: &Rc<ShardContext>, tasks: [glommio::Task<()>; 3]) -> Result<(), String> {
+    ctx.shutting_down.set(true);
+    for t in tasks {
+        t.cancel().await;
+    }
+    for p in ctx.owned_partitions() {
+        p.data.notify();
+    }
+    let deadline = Instant::now() + SHUTDOWN_DRAIN_MAX;
+    while ctx.in_flight.get() > 0 && Instant::now() < deadline {
+        glommio::timer::sleep(Duration::from_millis(5)).await;
+    }
+    if ctx.in_flight.get() > 0 {
+        tracing::warn!(shard = %ctx.id, in_flight = ctx.in_flight.get(), "stopping with requests still in flight");
+    }
+    let mut first_error = None;
+    for p in ctx.owned_partitions() {
+        if let Err(e) = p.log.close().await {
+            tracing::error!(topic = %p.topic, partition = p.id, error = %e, "cannot close partition log");
+            first_error.get_or_insert(e.to_string());
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Enforces retention on every owned partition at the configured interval.
+async fn retention_loop(ctx: Rc<ShardContext>) {
+    loop {
+        glommio::timer::sleep(ctx.config.retention_check_interval).await;
+        let now_ms = now_ms();
+        for p in ctx.owned_partitions() {
+            match p.log.enforce_retention(now_ms).await {
+                Ok(o) if o.segments_deleted > 0 => tracing::info!(
+                    topic = %p.topic, partition = p.id, segments = o.segments_deleted, bytes = o.bytes_deleted,
+                    start_offset = p.log.start_offset().0, "retention deleted segments"
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::error!(topic = %p.topic, partition = p.id, error = %e, "retention failed"),
+            }
+            glommio::yield_if_needed().await;
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+#[must_use]
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}

@@ -1,0 +1,200 @@
+//! Per-shard counters and the Prometheus `/metrics` endpoint.
+//!
+//! Each shard counts into its own `Cell`s (no atomics, no sharing). A scrape
+//! arrives at the admin listener on shard 0, which asks every shard for a
+//! snapshot over the mesh and renders Prometheus text format. The data path
+//! only ever does `cell.set(cell.get() + n)` on its own shard.
+
+use crate::shard::{ShardContext, ShardOp, ShardReply};
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::TcpListener;
+use shardlog_schema::ShardId;
+use std::cell::Cell;
+use std::fmt::Write as _;
+use std::rc::Rc;
+
+/// How fetched bytes left the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServePath {
+    Splice,
+    HotTail,
+    Plain,
+}
+
+/// One shard's counters.
+#[derive(Debug, Default)]
+pub struct ShardMetrics {
+    pub produce_requests: Cell<u64>,
+    pub produce_bytes: Cell<u64>,
+    pub produce_errors: Cell<u64>,
+    pub fetch_requests: Cell<u64>,
+    pub fetch_bytes_splice: Cell<u64>,
+    pub fetch_bytes_hot_tail: Cell<u64>,
+    pub fetch_bytes_plain: Cell<u64>,
+    pub forwarded_requests: Cell<u64>,
+    pub rejected_frames: Cell<u64>,
+}
+
+fn add(c: &Cell<u64>, n: u64) {
+    c.set(c.get() + n);
+}
+
+impl ShardMetrics {
+    pub fn count_produce(&self, bytes: usize, ok: bool) {
+        add(&self.produce_requests, 1);
+        add(&self.produce_bytes, bytes as u64);
+        if !ok {
+            add(&self.produce_errors, 1);
+        }
+    }
+
+    pub fn count_fetch_bytes(&self, path: ServePath, bytes: usize) {
+        let c = match path {
+            ServePath::Splice => &self.fetch_bytes_splice,
+            ServePath::HotTail => &self.fetch_bytes_hot_tail,
+            ServePath::Plain => &self.fetch_bytes_plain,
+        };
+        add(c, bytes as u64);
+    }
+
+    pub fn inc(c: &Cell<u64>) {
+        add(c, 1);
+    }
+
+    /// A plain-data copy, sendable to another shard.
+    #[must_use]
+    pub fn snapshot(&self, ctx: &ShardContext) -> MetricsSnapshot {
+        MetricsSnapshot {
+            produce_requests: self.produce_requests.get(),
+            produce_bytes: self.produce_bytes.get(),
+            produce_errors: self.produce_errors.get(),
+            fetch_requests: self.fetch_requests.get(),
+            fetch_bytes_splice: self.fetch_bytes_splice.get(),
+            fetch_bytes_hot_tail: self.fetch_bytes_hot_tail.get(),
+            fetch_bytes_plain: self.fetch_bytes_plain.get(),
+            forwarded_requests: self.forwarded_requests.get(),
+            rejected_frames: self.rejected_frames.get(),
+            connections: ctx.connections.get() as u64,
+            partitions: ctx.owned_partitions().len() as u64,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct MetricsSnapshot {
+    pub produce_requests: u64,
+    pub produce_bytes: u64,
+    pub produce_errors: u64,
+    pub fetch_requests: u64,
+    pub fetch_bytes_splice: u64,
+    pub fetch_bytes_hot_tail: u64,
+    pub fetch_bytes_plain: u64,
+    pub forwarded_requests: u64,
+    pub rejected_frames: u64,
+    pub connections: u64,
+    pub partitions: u64,
+}
+
+/// Renders snapshots (index = shard) in Prometheus text format.
+#[must_use]
+pub fn render(shards: &[MetricsSnapshot]) -> String {
+    let mut out = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, value: &dyn Fn(&MetricsSnapshot) -> u64| {
+        let _ = writeln!(out, "# HELP shardlog_{name} {help}\n# TYPE shardlog_{name} {kind}");
+        for (shard, s) in shards.iter().enumerate() {
+            let _ = writeln!(out, "shardlog_{name}{{shard=\"{shard}\"}} {}", value(s));
+        }
+    };
+    family("produce_requests_total", "counter", "Produce requests handled.", &|s| s.produce_requests);
+    family("produce_bytes_total", "counter", "Record batch bytes produced.", &|s| s.produce_bytes);
+    family("produce_errors_total", "counter", "Produce partition results with an error.", &|s| {
+        s.produce_errors
+    });
+    family("fetch_requests_total", "counter", "Fetch requests handled.", &|s| s.fetch_requests);
+    family("forwarded_requests_total", "counter", "Partition operations forwarded to another shard.", &|s| {
+        s.forwarded_requests
+    });
+    family("rejected_frames_total", "counter", "Frames rejected (size, verification).", &|s| {
+        s.rejected_frames
+    });
+    family("connections", "gauge", "Open client connections.", &|s| s.connections);
+    family("partitions", "gauge", "Partitions owned.", &|s| s.partitions);
+    let _ = writeln!(
+        out,
+        "# HELP shardlog_fetch_bytes_total Record bytes served to fetches, by path.\n# TYPE shardlog_fetch_bytes_total counter"
+    );
+    for (shard, s) in shards.iter().enumerate() {
+        for (path, v) in [
+            ("splice", s.fetch_bytes_splice),
+            ("hot_tail", s.fetch_bytes_hot_tail),
+            ("plain", s.fetch_bytes_plain),
+        ] {
+            let _ = writeln!(out, "shardlog_fetch_bytes_total{{shard=\"{shard}\",path=\"{path}\"}} {v}");
+        }
+    }
+    out
+}
+
+/// Largest HTTP request head the admin listener reads.
+const HTTP_HEAD_BYTES_MAX: usize = 8 << 10;
+
+/// Serves `GET /metrics` (runs on shard 0).
+pub async fn admin_loop(ctx: Rc<ShardContext>, listener: TcpListener) {
+    loop {
+        let Ok(mut stream) = listener.accept().await else {
+            if ctx.shutting_down.get() {
+                return;
+            }
+            continue;
+        };
+        let ctx = ctx.clone();
+        glommio::spawn_local(async move {
+            let mut head = Vec::with_capacity(1024);
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < HTTP_HEAD_BYTES_MAX {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
+            let (status, body) = if line.starts_with(b"GET /metrics ") || line.starts_with(b"GET /metrics?") {
+                ("200 OK", render(&collect(&ctx).await))
+            } else {
+                ("404 Not Found", "try GET /metrics\n".to_string())
+            };
+            let resp = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _gone = stream.write_all(resp.as_bytes()).await;
+            let _gone = stream.close().await;
+        })
+        .detach();
+    }
+}
+
+async fn collect(ctx: &Rc<ShardContext>) -> Vec<MetricsSnapshot> {
+    let mut out = Vec::with_capacity(ctx.shard_count as usize);
+    for s in 0..ctx.shard_count {
+        match ctx.call(ShardId(s), ShardOp::Metrics).await {
+            ShardReply::Metrics(m) => out.push(m),
+            _ => out.push(MetricsSnapshot::default()),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_labels_per_path() {
+        let s = MetricsSnapshot { fetch_bytes_splice: 7, produce_requests: 3, ..Default::default() };
+        let text = render(&[s, MetricsSnapshot::default()]);
+        assert!(text.contains("shardlog_fetch_bytes_total{shard=\"0\",path=\"splice\"} 7"));
+        assert!(text.contains("shardlog_produce_requests_total{shard=\"0\"} 3"));
+        assert!(text.contains("shardlog_produce_requests_total{shard=\"1\"} 0"));
+    }
+}

@@ -1,0 +1,241 @@
+//! Listeners, connections and framing.
+//!
+//! Every shard accepts on the shared public port (SO_REUSEPORT: the kernel
+//! spreads connections over shards) and on its own port (the one Metadata
+//! names for the partitions it owns). A connection is served by two tasks of
+//! the accepting shard:
+//!
+//! ```text
+//!   socket ──> reader: frame → verify → spawn handler ──┐  (≤ in-flight limit)
+//!   socket <── writer <── responses, in completion order ┘
+//! ```
+//!
+//! **Invariants**: nothing read from the network is trusted: lengths are
+//! checked against limits before allocation, envelopes are verified before a
+//! field is read, and a bad frame costs only its own connection.
+//! **API boundary**: `net` never interprets a request body; that is `dispatch`.
+
+use crate::dispatch::{self, DataChunk, Outgoing};
+use crate::log::ReadChunk;
+use crate::metrics::{ServePath, ShardMetrics};
+use crate::shard::ShardContext;
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::channels::local_channel;
+use glommio::net::{TcpListener, TcpStream};
+use glommio::sync::Semaphore;
+use shardlog_schema::frame::{self, FrameLimits, LENGTH_PREFIX_BYTES};
+use shardlog_schema::wire::{ApiKey, ErrorCode};
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::rc::Rc;
+
+/// Accepts connections until the shard stops.
+pub async fn accept_loop(ctx: Rc<ShardContext>, listener: TcpListener, name: &'static str) {
+    let per_shard_max = ctx.config.limits.connections_max.div_ceil(ctx.config.shards).max(1);
+    loop {
+        let stream = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                if ctx.shutting_down.get() {
+                    return;
+                }
+                tracing::warn!(listener = name, error = %e, "accept failed");
+                glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        if ctx.shutting_down.get() {
+            return;
+        }
+        if ctx.connections.get() >= per_shard_max {
+            tracing::warn!(limit = per_shard_max, shard = %ctx.id, "connection limit reached; closing new connection");
+            drop(stream);
+            continue;
+        }
+        let ctx = ctx.clone();
+        glommio::spawn_local(async move {
+            ctx.connections.set(ctx.connections.get() + 1);
+            serve_connection(&ctx, stream).await;
+            ctx.connections.set(ctx.connections.get() - 1);
+        })
+        .detach();
+    }
+}
+
+/// A second handle on the same socket, so the writer task can own one.
+fn clone_stream(stream: &TcpStream) -> std::io::Result<TcpStream> {
+    // SAFETY: the fd belongs to `stream`, which outlives this borrow; the
+    // borrow is used only to duplicate the descriptor.
+    let fd = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
+    let owned = fd.try_clone_to_owned()?;
+    Ok(TcpStream::from(socket2::Socket::from(std::net::TcpStream::from(owned))))
+}
+
+/// Why the reader stopped.
+enum Stop {
+    /// Peer closed or the connection broke: nothing to answer.
+    Closed,
+    /// The peer broke the protocol: answer with this error, then close.
+    Reject { code: ErrorCode, message: String },
+}
+
+async fn serve_connection(ctx: &Rc<ShardContext>, stream: TcpStream) {
+    let peer = stream.peer_addr().map_or_else(|_| "?".to_string(), |a| a.to_string());
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+    }
+    let writer_stream = match clone_stream(&stream) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "cannot duplicate socket; closing connection");
+            return;
+        }
+    };
+    let in_flight_max = ctx.config.limits.in_flight_per_connection_max;
+    let (tx, rx) = local_channel::new_bounded::<Outgoing>(in_flight_max);
+    let writer = glommio::spawn_local(write_loop(ctx.clone(), writer_stream, rx));
+    let mut reader = stream.buffered();
+    let stop = read_loop(ctx, &mut reader, &tx).await;
+    if let Stop::Reject { code, message } = stop {
+        ShardMetrics::inc(&ctx.metrics.rejected_frames);
+        tracing::warn!(%peer, error = ?code, %message, "closing connection after a bad frame");
+        let _closed = tx.send(dispatch::request_error(0, ApiKey::ApiVersions, code, &message)).await;
+    }
+    // The writer finishes once every handler has dropped its sender.
+    drop(tx);
+    writer.await;
+}
+
+async fn read_loop(
+    ctx: &Rc<ShardContext>,
+    reader: &mut TcpStream<glommio::net::Preallocated>,
+    tx: &local_channel::LocalSender<Outgoing>,
+) -> Stop {
+    let limits = FrameLimits {
+        header_bytes_max: ctx.config.limits.header_bytes_max,
+        payload_bytes_max: ctx.config.limits.request_payload_bytes_max,
+    };
+    let in_flight = Rc::new(Semaphore::new(ctx.config.limits.in_flight_per_connection_max as u64));
+    loop {
+        let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
+        if reader.read_exact(&mut prefix).await.is_err() {
+            return Stop::Closed;
+        }
+        let len = frame::decode_prefix(prefix);
+        if let Err(e) = limits.check_header_len(len) {
+            return Stop::Reject { code: ErrorCode::RequestTooLarge, message: e.to_string() };
+        }
+        let mut header = vec![0u8; len as usize];
+        if reader.read_exact(&mut header).await.is_err() {
+            return Stop::Closed;
+        }
+        let payload_len = match limits.verify_request(&header) {
+            Ok(f) => f.payload_bytes(),
+            Err(e) => return Stop::Reject { code: ErrorCode::InvalidRequest, message: e.to_string() },
+        };
+        if let Err(e) = limits.check_payload_len(payload_len) {
+            return Stop::Reject { code: ErrorCode::RequestTooLarge, message: e.to_string() };
+        }
+        // Back-pressure: hold the payload's bytes against the shard budget
+        // and a slot of the connection's in-flight window until answered.
+        let bytes_permit = match ctx.buffered_bytes.acquire_static_permit(u64::from(payload_len)).await {
+            Ok(p) => p,
+            Err(_) => return Stop::Closed,
+        };
+        let slot = match in_flight.acquire_static_permit(1).await {
+            Ok(p) => p,
+            Err(_) => return Stop::Closed,
+        };
+        let mut payload = vec![0u8; payload_len as usize];
+        if reader.read_exact(&mut payload).await.is_err() {
+            return Stop::Closed;
+        }
+        let (ctx, tx) = (ctx.clone(), tx.clone());
+        ctx.in_flight.set(ctx.in_flight.get() + 1);
+        glommio::spawn_local(async move {
+            // The envelope was verified above; verifying again here (instead
+            // of an unchecked re-parse) keeps this path free of unsafe.
+            let out = match limits.verify_request(&header) {
+                Ok(frame) => dispatch::handle(&ctx, frame, &payload).await,
+                Err(e) => {
+                    dispatch::request_error(0, ApiKey::ApiVersions, ErrorCode::InvalidRequest, &e.to_string())
+                }
+            };
+            drop(payload);
+            drop(bytes_permit);
+            if !matches!(out, Outgoing::Nothing) {
+                // A closed writer means the peer is gone; the work is done anyway.
+                let _gone = tx.send(out).await;
+            }
+            drop(slot);
+            ctx.in_flight.set(ctx.in_flight.get() - 1);
+        })
+        .detach();
+    }
+}
+
+/// Responses ready at once are coalesced into one send up to this size.
+const WRITE_COALESCE_BYTES_MAX: usize = 256 << 10;
+
+/// Writes responses as they complete, coalescing what is ready into one send.
+async fn write_loop(
+    ctx: Rc<ShardContext>,
+    mut stream: TcpStream,
+    rx: local_channel::LocalReceiver<Outgoing>,
+) {
+    let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
+    while let Some(first) = rx.recv().await {
+        let mut out = first;
+        loop {
+            if let Err(e) = append_outgoing(&ctx.metrics, &mut buf, out).await {
+                tracing::warn!(error = %e, "cannot read log data for a response; closing connection");
+                return;
+            }
+            if buf.len() >= WRITE_COALESCE_BYTES_MAX {
+                break;
+            }
+            match futures_lite::future::poll_once(rx.recv()).await {
+                Some(Some(more)) => out = more,
+                _ => break,
+            }
+        }
+        if stream.write_all(&buf).await.is_err() {
+            return;
+        }
+        buf.clear();
+    }
+    let _closed = stream.flush().await;
+    let _closed = stream.shutdown(std::net::Shutdown::Write).await;
+}
+
+/// Serializes one response into `buf` (plain read + send path).
+async fn append_outgoing(
+    metrics: &ShardMetrics,
+    buf: &mut Vec<u8>,
+    out: Outgoing,
+) -> Result<(), crate::log::LogError> {
+    match out {
+        Outgoing::Frame(bytes) => buf.extend_from_slice(&bytes),
+        Outgoing::Data { header, chunks } => {
+            buf.extend_from_slice(&header);
+            for chunk in chunks {
+                match chunk {
+                    DataChunk::Bytes(b) => {
+                        metrics.count_fetch_bytes(ServePath::Plain, b.len());
+                        buf.extend_from_slice(&b);
+                    }
+                    DataChunk::Log(ReadChunk::Memory(b)) => {
+                        metrics.count_fetch_bytes(ServePath::HotTail, b.len());
+                        buf.extend_from_slice(&b);
+                    }
+                    DataChunk::Log(ReadChunk::File { file, position, len }) => {
+                        let bytes = file.read_bytes(position, len).await?;
+                        metrics.count_fetch_bytes(ServePath::Plain, bytes.len());
+                        buf.extend_from_slice(&bytes);
+                    }
+                }
+            }
+        }
+        Outgoing::Nothing => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,217 @@
+//! One partition replica on its owning shard: the log plus the state the
+//! serving path needs around it (leader epoch, waiters for new data).
+//!
+//! **Invariant**: a `Partition` lives on exactly one shard and is touched only
+//! by that shard's thread. **API boundary**: `partition` does no I/O itself;
+//! it validates input and delegates to `log`.
+
+use crate::config::TopicConfig;
+use crate::log::{AppendInfo, Log, LogError, LogRead};
+use shardlog_schema::batch::{self, BatchIter};
+use shardlog_schema::{ErrorCode, Offset};
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+/// A typed, client-visible failure of a partition operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl PartitionError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        PartitionError { code, message: message.into() }
+    }
+}
+
+impl From<LogError> for PartitionError {
+    fn from(e: LogError) -> Self {
+        PartitionError { code: e.error_code(), message: e.to_string() }
+    }
+}
+
+/// Wakes fetches that wait for data. A generation counter makes "data arrived
+/// after I looked" impossible to miss: a waiter remembers the generation it
+/// read under and completes as soon as it differs.
+#[derive(Default)]
+pub struct DataNotify {
+    generation: Cell<u64>,
+    wakers: RefCell<Vec<Waker>>,
+}
+
+impl DataNotify {
+    pub fn generation(&self) -> u64 {
+        self.generation.get()
+    }
+
+    pub fn notify(&self) {
+        self.generation.set(self.generation.get() + 1);
+        let wakers = std::mem::take(&mut *self.wakers.borrow_mut());
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// Completes once the generation differs from `seen`.
+    pub fn changed(self: &Rc<Self>, seen: u64) -> Changed {
+        Changed { notify: self.clone(), seen }
+    }
+}
+
+pub struct Changed {
+    notify: Rc<DataNotify>,
+    seen: u64,
+}
+
+impl Future for Changed {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.notify.generation.get() != self.seen {
+            return Poll::Ready(());
+        }
+        let mut wakers = self.notify.wakers.borrow_mut();
+        if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+/// Checks that `bytes` is a sequence of whole, valid batches (header, CRC,
+/// record set) each at most `batch_bytes_max`, and returns how many.
+pub fn validate_batches(bytes: &[u8], batch_bytes_max: usize) -> Result<usize, PartitionError> {
+    if bytes.is_empty() {
+        return Err(PartitionError::new(ErrorCode::CorruptMessage, "produce request has no record batch"));
+    }
+    let mut pos = 0;
+    let mut count = 0;
+    while pos < bytes.len() {
+        let rest = &bytes[pos..];
+        if let Some(total) = batch::peek_total_bytes(rest) {
+            if total > batch_bytes_max {
+                return Err(PartitionError::new(
+                    ErrorCode::MessageTooLarge,
+                    format!(
+                        "batch of {total} bytes exceeds the topic's max.message.bytes of {batch_bytes_max}"
+                    ),
+                ));
+            }
+        }
+        let header = batch::validate_with_records(rest, batch_bytes_max).map_err(|e| {
+            PartitionError::new(ErrorCode::CorruptMessage, format!("batch at byte {pos} rejected: {e}"))
+        })?;
+        pos += header.total_bytes();
+        count += 1;
+    }
+    Ok(count)
+}
+
+pub struct Partition {
+    pub topic: Rc<str>,
+    pub id: u32,
+    pub log: Log,
+    pub config: TopicConfig,
+    pub leader_epoch: Cell<i32>,
+    pub data: Rc<DataNotify>,
+}
+
+impl Partition {
+    pub async fn open(
+        dir: PathBuf,
+        topic: Rc<str>,
+        id: u32,
+        config: TopicConfig,
+    ) -> Result<Partition, LogError> {
+        let log = Log::open(dir, config.clone()).await?;
+        Ok(Partition { topic, id, log, config, leader_epoch: Cell::new(0), data: Rc::default() })
+    }
+
+    /// Validates and appends whole batches; wakes waiting fetches.
+    pub async fn append(&self, batches: &[u8]) -> Result<AppendInfo, PartitionError> {
+        validate_batches(batches, self.config.batch_bytes_max as usize)?;
+        let info = self.log.append(batches, self.leader_epoch.get()).await?;
+        self.data.notify();
+        Ok(info)
+    }
+
+    pub async fn read(&self, from: u64, max_bytes: usize) -> Result<LogRead, PartitionError> {
+        Ok(self.log.read(Offset(from), max_bytes).await?)
+    }
+
+    /// ListOffsets: -2 earliest, -1 latest (high watermark), else the first
+    /// offset whose timestamp is at or after `timestamp`.
+    pub async fn list_offset(&self, timestamp: i64) -> Result<(i64, i64), PartitionError> {
+        match timestamp {
+            -2 => Ok((self.log.start_offset().0 as i64, -1)),
+            -1 => Ok((self.log.high_watermark().0 as i64, -1)),
+            ts if ts < 0 => Err(PartitionError::new(
+                ErrorCode::InvalidRequest,
+                format!("timestamp {ts}: use -2 (earliest), -1 (latest) or a time in ms"),
+            )),
+            ts => Ok(self.log.offset_for_timestamp(ts).await?.map_or((-1, -1), |(o, t)| (o.0 as i64, t))),
+        }
+    }
+}
+
+/// Whether a batch iterator over `bytes` sees exactly whole batches.
+#[must_use]
+pub fn whole_batches(bytes: &[u8], batch_bytes_max: usize) -> bool {
+    let mut it = BatchIter::new(bytes, batch_bytes_max);
+    for b in it.by_ref() {
+        if b.is_err() {
+            return false;
+        }
+    }
+    it.position() == bytes.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardlog_schema::batch::BatchBuilder;
+
+    fn batch(n: usize) -> Vec<u8> {
+        let mut b = BatchBuilder::with_capacity(256);
+        for i in 0..n {
+            b.push(None, format!("v{i}").as_bytes(), &[], 1);
+        }
+        b.finish()
+    }
+
+    #[test]
+    fn validation_is_typed() {
+        let mut two = batch(3);
+        two.extend(batch(2));
+        assert_eq!(validate_batches(&two, 1 << 20), Ok(2));
+        assert!(whole_batches(&two, 1 << 20));
+        assert_eq!(validate_batches(&[], 1 << 20).unwrap_err().code, ErrorCode::CorruptMessage);
+        let mut torn = two.clone();
+        torn.truncate(torn.len() - 1);
+        assert_eq!(validate_batches(&torn, 1 << 20).unwrap_err().code, ErrorCode::CorruptMessage);
+        let mut flipped = two.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        assert_eq!(validate_batches(&flipped, 1 << 20).unwrap_err().code, ErrorCode::CorruptMessage);
+        assert_eq!(validate_batches(&two, 64).unwrap_err().code, ErrorCode::MessageTooLarge);
+    }
+
+    #[test]
+    fn notify_generation() {
+        let n = Rc::new(DataNotify::default());
+        let seen = n.generation();
+        let waker = futures_lite::future::block_on(futures_lite::future::poll_fn(|cx| {
+            Poll::Ready(cx.waker().clone())
+        }));
+        let mut cx = Context::from_waker(&waker);
+        let mut fut = n.changed(seen);
+        assert!(Pin::new(&mut fut).poll(&mut cx).is_pending());
+        n.notify();
+        assert!(Pin::new(&mut fut).poll(&mut cx).is_ready());
+    }
+}

@@ -1,0 +1,477 @@
+//! A shard: one pinned glommio executor that owns a set of partitions.
+//!
+//! ```text
+//!   main thread ── spawns ──> shard 0 ... shard N-1   (one per core, pinned)
+//!                               │   full channel mesh   │
+//!                               └──── ShardMsg ─────────┘
+//! ```
+//!
+//! **Invariants**: a partition is owned by exactly one shard
+//! (`shardlog_schema::types::shard_for`), and all its state lives on that
+//! shard's thread. Shards share nothing mutable; they talk only through the
+//! bounded channel mesh wired at start-up. Shard 0 is the topic-metadata
+//! writer ("controller shard"); every shard keeps its own copy of the table.
+//! **API boundary**: `shard` never parses frames (that is `net`/`dispatch`).
+
+use crate::config::{BrokerConfig, TopicConfig};
+use crate::partition::{Partition, PartitionError};
+use crate::topics::{partition_dir, TopicMeta, TopicStore, TopicTable};
+use glommio::channels::channel_mesh::{Receivers, Senders};
+use glommio::channels::local_channel;
+use glommio::sync::Semaphore;
+use shardlog_schema::types::shard_for;
+use shardlog_schema::{ErrorCode, PartitionId, ShardId};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// Capacity of each mesh channel (messages, per direction, per pair).
+pub const MESH_CHANNEL_CAPACITY: usize = 1024;
+
+/// Data returned by a partition read that crossed the mesh (it is copied,
+/// since file handles cannot leave their shard).
+#[derive(Debug)]
+pub struct RemoteRead {
+    pub high_watermark: i64,
+    pub log_start_offset: i64,
+    pub first_offset: i64,
+    pub last_offset: i64,
+    pub bytes: Vec<u8>,
+}
+
+/// A request from one shard to another.
+#[derive(Debug)]
+pub enum ShardOp {
+    Produce {
+        topic: String,
+        partition: u32,
+        batches: Vec<u8>,
+    },
+    Fetch {
+        topic: String,
+        partition: u32,
+        offset: u64,
+        max_bytes: u32,
+    },
+    /// Completes when the partition's end passes `offset` or after `timeout`.
+    WaitData {
+        topic: String,
+        partition: u32,
+        offset: u64,
+        timeout: Duration,
+    },
+    ListOffset {
+        topic: String,
+        partition: u32,
+        timestamp: i64,
+    },
+    /// To shard 0: validate, persist and broadcast.
+    CreateTopics(Vec<(String, u32, u16, Vec<(String, String)>)>),
+    /// To shard 0: persist and broadcast.
+    DeleteTopics(Vec<String>),
+    /// To every shard: add a topic and open the partitions it owns.
+    ApplyTopic(TopicMeta),
+    /// To every shard: close and delete the partitions it owns.
+    RemoveTopic(String),
+    /// A snapshot of the shard's counters.
+    Metrics,
+}
+
+/// Produce outcome across the mesh.
+#[derive(Debug, Clone, Copy)]
+pub struct Appended {
+    pub base_offset: u64,
+    pub log_start_offset: u64,
+    pub append_time_ms: i64,
+}
+
+#[derive(Debug)]
+pub enum ShardReply {
+    Produce(Result<Appended, PartitionError>),
+    Fetch(Result<RemoteRead, (PartitionError, i64, i64)>),
+    Waited,
+    ListOffset(Result<(i64, i64), PartitionError>),
+    TopicResults(Vec<(String, ErrorCode, String)>),
+    Done(Result<(), String>),
+    Metrics(crate::metrics::MetricsSnapshot),
+    /// The receiving shard is stopping.
+    Unavailable,
+}
+
+#[derive(Debug)]
+pub enum ShardMsg {
+    Request { id: u64, from: usize, op: ShardOp },
+    Reply { id: u64, reply: ShardReply },
+}
+
+/// Addresses the broker advertises.
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    pub host: String,
+    pub public_port: u16,
+    pub shard_ports: Vec<u16>,
+}
+
+/// Everything one shard owns. Shared as `Rc` by the tasks of that shard only.
+pub struct ShardContext {
+    pub id: ShardId,
+    pub shard_count: u16,
+    pub config: Rc<BrokerConfig>,
+    pub endpoints: Endpoints,
+    pub topics: RefCell<TopicTable>,
+    /// Partitions this shard owns: topic → index by partition number.
+    partitions: RefCell<HashMap<Rc<str>, Vec<Option<Rc<Partition>>>>>,
+    mesh: Senders<ShardMsg>,
+    pending: RefCell<HashMap<u64, local_channel::LocalSender<ShardReply>>>,
+    next_request_id: Cell<u64>,
+    /// Requests being handled on this shard.
+    pub in_flight: Cell<usize>,
+    pub connections: Cell<usize>,
+    pub shutting_down: Cell<bool>,
+    /// Produce payload bytes held by this shard's connections.
+    pub buffered_bytes: Rc<Semaphore>,
+    pub metrics: crate::metrics::ShardMetrics,
+    /// Only on shard 0.
+    store: Option<Box<dyn TopicStore>>,
+}
+
+impl ShardContext {
+    pub fn new(
+        id: ShardId,
+        config: Rc<BrokerConfig>,
+        endpoints: Endpoints,
+        topics: TopicTable,
+        mesh: Senders<ShardMsg>,
+        store: Option<Box<dyn TopicStore>>,
+    ) -> Rc<ShardContext> {
+        let shard_count = u16::try_from(config.shards).expect("shard count fits u16");
+        Rc::new(ShardContext {
+            id,
+            shard_count,
+            buffered_bytes: Rc::new(Semaphore::new(config.limits.shard_buffered_bytes_max as u64)),
+            config,
+            endpoints,
+            topics: RefCell::new(topics),
+            partitions: RefCell::default(),
+            mesh,
+            pending: RefCell::default(),
+            next_request_id: Cell::new(0),
+            in_flight: Cell::new(0),
+            connections: Cell::new(0),
+            shutting_down: Cell::new(false),
+            metrics: crate::metrics::ShardMetrics::default(),
+            store,
+        })
+    }
+
+    /// The shard that owns a partition.
+    pub fn owner(&self, topic: &str, partition: u32) -> ShardId {
+        shard_for(topic, PartitionId(partition), self.shard_count)
+    }
+
+    /// A partition this shard owns.
+    pub fn partition(&self, topic: &str, partition: u32) -> Option<Rc<Partition>> {
+        self.partitions.borrow().get(topic)?.get(partition as usize)?.clone()
+    }
+
+    /// All owned partitions (for retention, shutdown, metrics).
+    pub fn owned_partitions(&self) -> Vec<Rc<Partition>> {
+        self.partitions.borrow().values().flatten().flatten().cloned().collect()
+    }
+
+    /// Whether the topic exists and has this partition: `None` when fine.
+    pub fn check_partition(&self, topic: &str, partition: u32) -> Option<PartitionError> {
+        match self.topics.borrow().get(topic) {
+            None => Some(PartitionError::new(
+                ErrorCode::UnknownTopicOrPartition,
+                format!("topic `{topic}` does not exist"),
+            )),
+            Some(t) if partition >= t.partitions => Some(PartitionError::new(
+                ErrorCode::UnknownTopicOrPartition,
+                format!("topic `{topic}` has partitions 0..{}, not {partition}", t.partitions),
+            )),
+            Some(_) => None,
+        }
+    }
+
+    /// Opens the partitions of `meta` this shard owns and records the topic.
+    pub async fn apply_topic(&self, meta: TopicMeta) -> Result<(), String> {
+        let name: Rc<str> = Rc::from(meta.name.as_str());
+        let mut slots: Vec<Option<Rc<Partition>>> = vec![None; meta.partitions as usize];
+        for p in 0..meta.partitions {
+            if self.owner(&meta.name, p) != self.id {
+                continue;
+            }
+            let dir = partition_dir(&self.config.data_dir, &meta.name, p);
+            let part = Partition::open(dir, name.clone(), p, meta.config.clone())
+                .await
+                .map_err(|e| format!("cannot open partition {}-{p}: {e}", meta.name))?;
+            slots[p as usize] = Some(Rc::new(part));
+        }
+        self.partitions.borrow_mut().insert(name, slots);
+        self.topics.borrow_mut().insert(meta.name.clone(), meta);
+        Ok(())
+    }
+
+    async fn remove_topic(&self, name: &str) -> Result<(), String> {
+        self.topics.borrow_mut().remove(name);
+        let slots = self.partitions.borrow_mut().remove(name).unwrap_or_default();
+        for part in slots.into_iter().flatten() {
+            part.data.notify();
+            part.log
+                .delete()
+                .await
+                .map_err(|e| format!("cannot delete partition {name}-{}: {e}", part.id))?;
+        }
+        Ok(())
+    }
+
+    /// Sends `op` to shard `to` and waits for its reply. Calls to this shard
+    /// itself are handled in place.
+    pub async fn call(self: &Rc<Self>, to: ShardId, op: ShardOp) -> ShardReply {
+        if to == self.id {
+            return self.handle_op(op).await;
+        }
+        let id = self.next_request_id.get();
+        self.next_request_id.set(id + 1);
+        let (tx, rx) = local_channel::new_bounded(1);
+        self.pending.borrow_mut().insert(id, tx);
+        let msg = ShardMsg::Request { id, from: self.id.0 as usize, op };
+        if self.mesh.send_to(to.0 as usize, msg).await.is_err() {
+            self.pending.borrow_mut().remove(&id);
+            return ShardReply::Unavailable;
+        }
+        rx.recv().await.unwrap_or(ShardReply::Unavailable)
+    }
+
+    /// Serves the requests arriving from the other shards; returns when the
+    /// mesh closes.
+    pub fn spawn_mesh_receivers(self: &Rc<Self>, mut receivers: Receivers<ShardMsg>) {
+        for (_, rx) in receivers.streams() {
+            let ctx = self.clone();
+            glommio::spawn_local(async move {
+                while let Some(msg) = rx.recv().await {
+                    match msg {
+                        ShardMsg::Reply { id, reply } => {
+                            if let Some(tx) = ctx.pending.borrow_mut().remove(&id) {
+                                // The caller may have gone away (connection closed).
+                                let _unused = tx.try_send(reply);
+                            }
+                        }
+                        ShardMsg::Request { id, from, op } => {
+                            let ctx = ctx.clone();
+                            glommio::spawn_local(async move {
+                                let reply = ctx.handle_op(op).await;
+                                // The requester may be shutting down; nothing to do then.
+                                let _unused = ctx.mesh.send_to(from, ShardMsg::Reply { id, reply }).await;
+                            })
+                            .detach();
+                        }
+                    }
+                }
+            })
+            .detach();
+        }
+    }
+
+    /// Executes an operation on this shard.
+    pub async fn handle_op(self: &Rc<Self>, op: ShardOp) -> ShardReply {
+        match op {
+            ShardOp::Produce { topic, partition, batches } => {
+                ShardReply::Produce(self.produce_local(&topic, partition, &batches).await)
+            }
+            ShardOp::Fetch { topic, partition, offset, max_bytes } => {
+                ShardReply::Fetch(self.fetch_local_copy(&topic, partition, offset, max_bytes).await)
+            }
+            ShardOp::WaitData { topic, partition, offset, timeout } => {
+                if let Some(p) = self.partition(&topic, partition) {
+                    let seen = p.data.generation();
+                    if p.log.high_watermark().0 <= offset {
+                        let _timed_out = glommio::timer::timeout(timeout, async {
+                            p.data.changed(seen).await;
+                            Ok(())
+                        })
+                        .await;
+                    }
+                }
+                ShardReply::Waited
+            }
+            ShardOp::ListOffset { topic, partition, timestamp } => {
+                ShardReply::ListOffset(match self.local(&topic, partition) {
+                    Ok(p) => p.list_offset(timestamp).await,
+                    Err(e) => Err(e),
+                })
+            }
+            ShardOp::CreateTopics(specs) => ShardReply::TopicResults(self.create_topics(specs).await),
+            ShardOp::DeleteTopics(names) => ShardReply::TopicResults(self.delete_topics(names).await),
+            ShardOp::ApplyTopic(meta) => ShardReply::Done(self.apply_topic(meta).await),
+            ShardOp::RemoveTopic(name) => ShardReply::Done(self.remove_topic(&name).await),
+            ShardOp::Metrics => ShardReply::Metrics(self.metrics.snapshot(self)),
+        }
+    }
+
+    /// The owned partition, or a typed error.
+    pub fn local(&self, topic: &str, partition: u32) -> Result<Rc<Partition>, PartitionError> {
+        if let Some(e) = self.check_partition(topic, partition) {
+            return Err(e);
+        }
+        self.partition(topic, partition).ok_or_else(|| {
+            PartitionError::new(
+                ErrorCode::NotLeaderOrFollower,
+                format!("partition {topic}-{partition} is not owned by shard {}", self.id),
+            )
+        })
+    }
+
+    pub async fn produce_local(
+        &self,
+        topic: &str,
+        partition: u32,
+        batches: &[u8],
+    ) -> Result<Appended, PartitionError> {
+        if self.shutting_down.get() {
+            return Err(PartitionError::new(ErrorCode::BrokerShuttingDown, "broker is shutting down"));
+        }
+        let p = self.local(topic, partition)?;
+        let result = p.append(batches).await;
+        self.metrics.count_produce(batches.len(), result.is_ok());
+        let info = result?;
+        Ok(Appended {
+            base_offset: info.base_offset.0,
+            log_start_offset: info.log_start_offset.0,
+            append_time_ms: info.append_time_ms,
+        })
+    }
+
+    async fn fetch_local_copy(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max_bytes: u32,
+    ) -> Result<RemoteRead, (PartitionError, i64, i64)> {
+        let p = self.local(topic, partition).map_err(|e| (e, -1, -1))?;
+        let hw = p.log.high_watermark().0 as i64;
+        let lso = p.log.start_offset().0 as i64;
+        let read = p.read(offset, max_bytes as usize).await.map_err(|e| (e, hw, lso))?;
+        let (first, last) =
+            if read.is_empty() { (-1, -1) } else { (read.first_offset.0 as i64, read.last_offset.0 as i64) };
+        let bytes = read.into_bytes().await.map_err(|e| (PartitionError::from(e), hw, lso))?;
+        Ok(RemoteRead {
+            high_watermark: hw,
+            log_start_offset: lso,
+            first_offset: first,
+            last_offset: last,
+            bytes,
+        })
+    }
+
+    /// Shard 0 only: validates, persists, then applies on every shard.
+    async fn create_topics(
+        self: &Rc<Self>,
+        specs: Vec<(String, u32, u16, Vec<(String, String)>)>,
+    ) -> Vec<(String, ErrorCode, String)> {
+        let mut results = Vec::with_capacity(specs.len());
+        for (name, partitions, replication, configs) in specs {
+            let outcome = self.create_topic(&name, partitions, replication, &configs).await;
+            let (code, message) = match outcome {
+                Ok(()) => (ErrorCode::None, String::new()),
+                Err(e) => (e.code, e.message),
+            };
+            results.push((name, code, message));
+        }
+        results
+    }
+
+    async fn create_topic(
+        self: &Rc<Self>,
+        name: &str,
+        partitions: u32,
+        replication: u16,
+        configs: &[(String, String)],
+    ) -> Result<(), PartitionError> {
+        use crate::topics::{validate_topic_name, TOPIC_PARTITIONS_MAX};
+        validate_topic_name(name).map_err(|m| PartitionError::new(ErrorCode::InvalidTopicName, m))?;
+        if self.topics.borrow().contains_key(name) {
+            return Err(PartitionError::new(
+                ErrorCode::TopicAlreadyExists,
+                format!("topic `{name}` already exists"),
+            ));
+        }
+        if partitions == 0 || partitions > TOPIC_PARTITIONS_MAX {
+            return Err(PartitionError::new(
+                ErrorCode::InvalidPartitions,
+                format!("partitions must be 1 to {TOPIC_PARTITIONS_MAX}, not {partitions}"),
+            ));
+        }
+        let total: u64 = self.topics.borrow().values().map(|t| u64::from(t.partitions)).sum();
+        if total + u64::from(partitions) > self.config.limits.partitions_max as u64 {
+            return Err(PartitionError::new(
+                ErrorCode::ResourceLimit,
+                format!("broker holds {total} partitions; limit is {}", self.config.limits.partitions_max),
+            ));
+        }
+        if replication != 1 {
+            return Err(PartitionError::new(
+                ErrorCode::InvalidConfig,
+                format!("replication factor {replication} needs a cluster; this broker runs alone (use 1)"),
+            ));
+        }
+        let mut config: TopicConfig = self.config.topic_defaults.clone();
+        for (k, v) in configs {
+            config.set(k, v).map_err(|e| PartitionError::new(ErrorCode::InvalidConfig, e.to_string()))?;
+        }
+        let meta = TopicMeta { name: name.to_string(), partitions, config };
+        let mut table = self.topics.borrow().clone();
+        table.insert(name.to_string(), meta.clone());
+        self.persist(&table)?;
+        self.broadcast(|| ShardOp::ApplyTopic(meta.clone())).await
+    }
+
+    async fn delete_topics(self: &Rc<Self>, names: Vec<String>) -> Vec<(String, ErrorCode, String)> {
+        let mut results = Vec::with_capacity(names.len());
+        for name in names {
+            let outcome = if self.topics.borrow().contains_key(&name) {
+                let mut table = self.topics.borrow().clone();
+                table.remove(&name);
+                match self.persist(&table) {
+                    Ok(()) => self.broadcast(|| ShardOp::RemoveTopic(name.clone())).await,
+                    Err(e) => Err(e),
+                }
+            } else {
+                Err(PartitionError::new(
+                    ErrorCode::UnknownTopicOrPartition,
+                    format!("topic `{name}` does not exist"),
+                ))
+            };
+            let (code, message) =
+                outcome.map_or_else(|e| (e.code, e.message), |()| (ErrorCode::None, String::new()));
+            results.push((name, code, message));
+        }
+        results
+    }
+
+    fn persist(&self, table: &TopicTable) -> Result<(), PartitionError> {
+        let store = self.store.as_ref().expect("topic metadata is written by shard 0 only");
+        store.store(table).map_err(|e| {
+            tracing::error!(error = %e, "cannot persist topic metadata");
+            PartitionError::new(ErrorCode::StorageError, e.to_string())
+        })
+    }
+
+    async fn broadcast(self: &Rc<Self>, op: impl Fn() -> ShardOp) -> Result<(), PartitionError> {
+        let mut first_error = None;
+        for s in 0..self.shard_count {
+            let reply = self.call(ShardId(s), op()).await;
+            let err = match reply {
+                ShardReply::Done(Ok(())) => continue,
+                ShardReply::Done(Err(e)) => e,
+                other => format!("shard {s} answered {other:?}"),
+            };
+            tracing::error!(shard = s, error = %err, "topic change failed on a shard");
+            first_error.get_or_insert(PartitionError::new(ErrorCode::StorageError, err));
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}

@@ -1,0 +1,198 @@
+//! Topic metadata: names, partition counts and settings.
+//!
+//! The broker keeps topic metadata behind [`TopicStore`] so that the static
+//! single-node store (a JSON file in the data directory, this module) and the
+//! ZooKeeper store (later) are interchangeable. Shard 0 is the only writer;
+//! every shard holds a read-only copy of the [`TopicTable`], updated by
+//! messages over the shard mesh.
+
+use crate::config::{ConfigError, TopicConfig};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Longest topic name (Kafka's limit).
+pub const TOPIC_NAME_BYTES_MAX: usize = 249;
+/// Most partitions a single topic may have.
+pub const TOPIC_PARTITIONS_MAX: u32 = 10_000;
+/// The file holding topic metadata inside the data directory.
+pub const TOPICS_FILE: &str = "topics.json";
+
+/// What the broker knows about one topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicMeta {
+    pub name: String,
+    pub partitions: u32,
+    pub config: TopicConfig,
+}
+
+/// The on-disk form: settings as Kafka-named entries, so that a file written
+/// by one version stays readable when defaults change.
+#[derive(Debug, Serialize, Deserialize)]
+struct TopicRecord {
+    name: String,
+    partitions: u32,
+    configs: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, Default)]
+struct TopicsFile {
+    version: u32,
+    topics: Vec<TopicRecord>,
+}
+
+/// All topics, by name.
+pub type TopicTable = BTreeMap<String, TopicMeta>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TopicsError {
+    #[error("cannot {op} topic metadata file {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("topic metadata file {path} is corrupt: {source}")]
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("topic `{topic}` in {path} has a bad setting: {source}")]
+    BadConfig {
+        topic: String,
+        path: PathBuf,
+        #[source]
+        source: ConfigError,
+    },
+}
+
+/// Where topic metadata lives. Implementations: [`FileTopicStore`] (single
+/// node); a ZooKeeper-backed store later.
+pub trait TopicStore {
+    fn load(&self) -> Result<TopicTable, TopicsError>;
+    /// Replaces the stored table atomically.
+    fn store(&self, table: &TopicTable) -> Result<(), TopicsError>;
+}
+
+/// `<data_dir>/topics.json`, replaced atomically (write temp, fsync, rename,
+/// fsync the directory). Writes happen only on topic creation and deletion,
+/// which are rare admin operations, so this uses plain blocking file I/O.
+pub struct FileTopicStore {
+    dir: PathBuf,
+}
+
+impl FileTopicStore {
+    #[must_use]
+    pub fn new(dir: &Path) -> Self {
+        FileTopicStore { dir: dir.to_path_buf() }
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.join(TOPICS_FILE)
+    }
+}
+
+impl TopicStore for FileTopicStore {
+    fn load(&self) -> Result<TopicTable, TopicsError> {
+        let path = self.path();
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(TopicTable::new()),
+            Err(source) => return Err(TopicsError::Io { op: "read", path, source }),
+        };
+        let file: TopicsFile = serde_json::from_slice(&bytes)
+            .map_err(|source| TopicsError::Corrupt { path: path.clone(), source })?;
+        let mut table = TopicTable::new();
+        for t in file.topics {
+            let config =
+                TopicConfig::from_entries(t.configs.iter().map(|(k, v)| (k.as_str(), v.as_str()))).map_err(
+                    |source| TopicsError::BadConfig { topic: t.name.clone(), path: path.clone(), source },
+                )?;
+            table.insert(t.name.clone(), TopicMeta { name: t.name, partitions: t.partitions, config });
+        }
+        Ok(table)
+    }
+
+    fn store(&self, table: &TopicTable) -> Result<(), TopicsError> {
+        fn io<'p>(op: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> TopicsError + 'p {
+            move |source| TopicsError::Io { op, path: path.to_path_buf(), source }
+        }
+        let path = self.path();
+        let tmp = self.dir.join(format!("{TOPICS_FILE}.tmp"));
+        let file = TopicsFile {
+            version: 1,
+            topics: table
+                .values()
+                .map(|t| TopicRecord {
+                    name: t.name.clone(),
+                    partitions: t.partitions,
+                    configs: t.config.entries().into_iter().collect(),
+                })
+                .collect(),
+        };
+        let bytes = serde_json::to_vec_pretty(&file).expect("topic metadata serializes");
+        {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp).map_err(io("create", &tmp))?;
+            f.write_all(&bytes).map_err(io("write", &tmp))?;
+            f.sync_all().map_err(io("fsync", &tmp))?;
+        }
+        std::fs::rename(&tmp, &path).map_err(io("rename", &path))?;
+        std::fs::File::open(&self.dir).and_then(|d| d.sync_all()).map_err(io("fsync", &self.dir))?;
+        Ok(())
+    }
+}
+
+/// Checks a topic name: 1..=249 bytes of `[a-zA-Z0-9._-]`, not `.` or `..`.
+pub fn validate_topic_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > TOPIC_NAME_BYTES_MAX {
+        return Err(format!("topic name must be 1 to {TOPIC_NAME_BYTES_MAX} bytes long"));
+    }
+    if name == "." || name == ".." {
+        return Err("topic name cannot be `.` or `..`".into());
+    }
+    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+        return Err(format!(
+            "topic name contains `{c}`; allowed are ASCII letters, digits, `.`, `_` and `-`"
+        ));
+    }
+    Ok(())
+}
+
+/// The directory of one partition: `<data_dir>/<topic>-<partition>`.
+#[must_use]
+pub fn partition_dir(data_dir: &Path, topic: &str, partition: u32) -> PathBuf {
+    data_dir.join(format!("{topic}-{partition}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::FlushPolicy;
+
+    #[test]
+    fn names() {
+        assert!(validate_topic_name("orders.v1_eu-west").is_ok());
+        assert!(validate_topic_name("").is_err());
+        assert!(validate_topic_name("..").is_err());
+        assert!(validate_topic_name("a/b").is_err());
+        assert!(validate_topic_name(&"x".repeat(250)).is_err());
+    }
+
+    #[test]
+    fn store_round_trip() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = FileTopicStore::new(dir.path());
+        assert!(store.load().expect("empty").is_empty());
+        let mut table = TopicTable::new();
+        let mut config = TopicConfig::default();
+        config.flush = FlushPolicy::Always;
+        table.insert("t".into(), TopicMeta { name: "t".into(), partitions: 3, config });
+        store.store(&table).expect("store");
+        assert_eq!(store.load().expect("load"), table);
+        std::fs::write(dir.path().join(TOPICS_FILE), b"{not json").expect("write");
+        assert!(matches!(store.load(), Err(TopicsError::Corrupt { .. })));
+    }
+}

@@ -1,0 +1,340 @@
+//! The serving path over real sockets: a broker started in-process
+//! (`shardlog_broker::start`) on 127.0.0.1 with a temp data directory, spoken
+//! to with raw frames, so these tests do not depend on the client crate.
+
+use flatbuffers::FlatBufferBuilder;
+use shardlog_broker::config::BrokerConfig;
+use shardlog_broker::{start, BrokerHandle};
+use shardlog_schema::batch::{self, BatchBuilder, BatchIter};
+use shardlog_schema::frame::{finish_into, FrameLimits};
+use shardlog_schema::types::shard_for;
+use shardlog_schema::wire::{self, ApiKey, ErrorCode};
+use shardlog_schema::PartitionId;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+fn broker(dir: &std::path::Path, shards: usize) -> BrokerHandle {
+    let mut config = BrokerConfig::new(dir.to_path_buf(), "127.0.0.1:0".parse().expect("addr"));
+    config.shards = shards;
+    config.pin_cores = false;
+    start(config).expect("broker starts")
+}
+
+struct Conn {
+    stream: TcpStream,
+    next: u32,
+}
+
+/// A decoded response: envelope bytes and payload.
+struct Resp {
+    header: Vec<u8>,
+    payload: Vec<u8>,
+}
+
+impl Resp {
+    fn frame(&self) -> wire::ResponseFrame<'_> {
+        FrameLimits::default().verify_response(&self.header).expect("response verifies")
+    }
+}
+
+impl Conn {
+    fn open(port: u16) -> Conn {
+        let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+        Conn { stream, next: 1 }
+    }
+
+    fn send<'a>(
+        &mut self,
+        key: ApiKey,
+        build: impl FnOnce(
+            &mut FlatBufferBuilder<'a>,
+        ) -> (wire::RequestBody, flatbuffers::WIPOffset<flatbuffers::UnionWIPOffset>),
+        payload: &[u8],
+    ) -> u32 {
+        let mut fbb = FlatBufferBuilder::new();
+        let (body_type, body) = build(&mut fbb);
+        let corr = self.next;
+        self.next += 1;
+        let root = wire::RequestFrame::create(
+            &mut fbb,
+            &wire::RequestFrameArgs {
+                correlation_id: corr,
+                api_key: key,
+                api_version: 0,
+                client_id: None,
+                payload_bytes: payload.len() as u32,
+                body_type,
+                body: Some(body),
+            },
+        );
+        let mut out = Vec::new();
+        finish_into(&mut fbb, root, &mut out);
+        out.extend_from_slice(payload);
+        self.stream.write_all(&out).expect("write");
+        corr
+    }
+
+    fn recv(&mut self) -> Resp {
+        let mut prefix = [0u8; 4];
+        self.stream.read_exact(&mut prefix).expect("read prefix");
+        let mut header = vec![0u8; u32::from_le_bytes(prefix) as usize];
+        self.stream.read_exact(&mut header).expect("read header");
+        let n = FrameLimits::default().verify_response(&header).expect("verifies").payload_bytes();
+        let mut payload = vec![0u8; n as usize];
+        self.stream.read_exact(&mut payload).expect("read payload");
+        Resp { header, payload }
+    }
+
+    fn create_topic(&mut self, name: &str, partitions: u32) -> ErrorCode {
+        self.send(
+            ApiKey::CreateTopics,
+            |fbb| {
+                let n = fbb.create_string(name);
+                let t = wire::CreatableTopic::create(
+                    fbb,
+                    &wire::CreatableTopicArgs {
+                        name: Some(n),
+                        partitions,
+                        replication_factor: 1,
+                        configs: None,
+                    },
+                );
+                let ts = fbb.create_vector(&[t]);
+                let b = wire::CreateTopicsRequest::create(
+                    fbb,
+                    &wire::CreateTopicsRequestArgs { topics: Some(ts) },
+                );
+                (wire::RequestBody::CreateTopicsRequest, b.as_union_value())
+            },
+            &[],
+        );
+        let r = self.recv();
+        let f = r.frame();
+        f.body_as_create_topics_response().expect("create body").results().expect("results").get(0).error()
+    }
+
+    fn produce(&mut self, topic: &str, partition: u32, batches: &[u8]) -> (ErrorCode, i64) {
+        self.send(
+            ApiKey::Produce,
+            |fbb| {
+                let t = fbb.create_string(topic);
+                let p = wire::ProducePartitionData::create(
+                    fbb,
+                    &wire::ProducePartitionDataArgs {
+                        topic: Some(t),
+                        partition,
+                        batch_bytes: batches.len() as u32,
+                    },
+                );
+                let ps = fbb.create_vector(&[p]);
+                let b = wire::ProduceRequest::create(
+                    fbb,
+                    &wire::ProduceRequestArgs { acks: 1, timeout_ms: 30_000, partitions: Some(ps) },
+                );
+                (wire::RequestBody::ProduceRequest, b.as_union_value())
+            },
+            batches,
+        );
+        let r = self.recv();
+        let f = r.frame();
+        assert_eq!(f.error(), ErrorCode::None, "{:?}", f.error_message());
+        let p = f.body_as_produce_response().expect("body").partitions().expect("parts").get(0);
+        (p.error(), p.base_offset())
+    }
+
+    fn fetch(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        offset: i64,
+        max_wait_ms: u32,
+    ) -> (ErrorCode, Vec<u8>, i64) {
+        self.send(
+            ApiKey::Fetch,
+            |fbb| {
+                let t = fbb.create_string(topic);
+                let p = wire::FetchPartition::create(
+                    fbb,
+                    &wire::FetchPartitionArgs {
+                        topic: Some(t),
+                        partition,
+                        fetch_offset: offset,
+                        partition_max_bytes: 1 << 20,
+                    },
+                );
+                let ps = fbb.create_vector(&[p]);
+                let b = wire::FetchRequest::create(
+                    fbb,
+                    &wire::FetchRequestArgs {
+                        replica_id: -1,
+                        max_wait_ms,
+                        min_bytes: 1,
+                        max_bytes: 4 << 20,
+                        partitions: Some(ps),
+                    },
+                );
+                (wire::RequestBody::FetchRequest, b.as_union_value())
+            },
+            &[],
+        );
+        let r = self.recv();
+        let f = r.frame();
+        let p = f.body_as_fetch_response().expect("body").partitions().expect("parts").get(0);
+        assert_eq!(p.bytes() as usize, r.payload.len());
+        (p.error(), r.payload.clone(), p.high_watermark())
+    }
+}
+
+fn values(batches: &[u8]) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    for b in BatchIter::new(batches, 1 << 24) {
+        let (_, bytes) = b.expect("valid batch");
+        for r in batch::records(bytes).expect("records") {
+            out.push((r.offset, r.value.to_vec()));
+        }
+    }
+    out
+}
+
+fn batch_of(values: &[&str]) -> Vec<u8> {
+    let mut b = BatchBuilder::with_capacity(256);
+    for v in values {
+        b.push(None, v.as_bytes(), &[], 1_700_000_000_000);
+    }
+    b.finish()
+}
+
+#[test]
+fn produce_fetch_round_trip_through_every_port() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let handle = broker(dir.path(), 2);
+    let ports = handle.ready.shard_ports.clone();
+    let mut public = Conn::open(handle.ready.listen.port());
+    assert_eq!(public.create_topic("events", 4), ErrorCode::None);
+    assert_eq!(public.create_topic("events", 4), ErrorCode::TopicAlreadyExists);
+    assert_eq!(public.create_topic("bad/name", 1), ErrorCode::InvalidTopicName);
+    for p in 0..4u32 {
+        let owner = shard_for("events", PartitionId(p), 2).0 as usize;
+        let other = 1 - owner;
+        // Through the owner's port, then through the other shard (forwarded).
+        let mut own = Conn::open(ports[owner]);
+        let mut fwd = Conn::open(ports[other]);
+        assert_eq!(own.produce("events", p, &batch_of(&["a", "b"])), (ErrorCode::None, 0));
+        assert_eq!(fwd.produce("events", p, &batch_of(&["c"])), (ErrorCode::None, 2));
+        for conn in [&mut own, &mut fwd, &mut public] {
+            let (err, data, hw) = conn.fetch("events", p, 1, 0);
+            assert_eq!(err, ErrorCode::None);
+            assert_eq!(hw, 3);
+            let got: Vec<_> = values(&data).into_iter().filter(|(o, _)| *o >= 1).collect();
+            assert_eq!(got, vec![(1, b"b".to_vec()), (2, b"c".to_vec())]);
+        }
+    }
+    let (err, _, _) = public.fetch("events", 0, 99, 0);
+    assert_eq!(err, ErrorCode::OffsetOutOfRange);
+    let (err, _, _) = public.fetch("nope", 0, 0, 0);
+    assert_eq!(err, ErrorCode::UnknownTopicOrPartition);
+    let (err, _) = public.produce("events", 9, &batch_of(&["x"]));
+    assert_eq!(err, ErrorCode::UnknownTopicOrPartition);
+    let mut bad = batch_of(&["x"]);
+    let last = bad.len() - 1;
+    bad[last] ^= 0xff;
+    assert_eq!(public.produce("events", 0, &bad).0, ErrorCode::CorruptMessage);
+    handle.shutdown().expect("clean shutdown");
+
+    // Topics and data survive a restart.
+    let handle = broker(dir.path(), 2);
+    let mut conn = Conn::open(handle.ready.listen.port());
+    let (err, data, hw) = conn.fetch("events", 3, 0, 0);
+    assert_eq!((err, hw), (ErrorCode::None, 3));
+    assert_eq!(values(&data).len(), 3);
+    handle.shutdown().expect("clean shutdown");
+}
+
+#[test]
+fn long_poll_wakes_on_produce() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let handle = broker(dir.path(), 2);
+    let port = handle.ready.listen.port();
+    let mut admin = Conn::open(port);
+    assert_eq!(admin.create_topic("lp", 2), ErrorCode::None);
+    for p in 0..2 {
+        let waiter = std::thread::spawn(move || {
+            let mut c = Conn::open(port);
+            let started = std::time::Instant::now();
+            let (err, data, _) = c.fetch("lp", p, 0, 10_000);
+            (err, values(&data), started.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let mut producer = Conn::open(port);
+        producer.produce("lp", p, &batch_of(&["wake"]));
+        let (err, got, waited) = waiter.join().expect("waiter");
+        assert_eq!(err, ErrorCode::None);
+        assert_eq!(got, vec![(0, b"wake".to_vec())]);
+        assert!(waited < Duration::from_secs(5), "fetch waited {waited:?} instead of waking");
+    }
+    handle.shutdown().expect("clean shutdown");
+}
+
+#[test]
+fn junk_costs_only_its_own_connection() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let handle = broker(dir.path(), 2);
+    let port = handle.ready.listen.port();
+    let mut good = Conn::open(port);
+    assert_eq!(good.create_topic("j", 1), ErrorCode::None);
+    let mut seed: u64 = 42;
+    let junk_frames: Vec<Vec<u8>> = (0..200)
+        .map(|i| {
+            let len = 1 + (i * 37) % 300;
+            (0..len)
+                .map(|_| {
+                    seed =
+                        seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                    (seed >> 56) as u8
+                })
+                .collect()
+        })
+        .collect();
+    for (i, junk) in junk_frames.iter().enumerate() {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        let mut frame = junk.clone();
+        if i % 3 == 0 {
+            // A plausible length prefix with garbage behind it.
+            let mut f = (junk.len() as u32).to_le_bytes().to_vec();
+            f.extend_from_slice(junk);
+            frame = f;
+        }
+        let _ = s.write_all(&frame);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink);
+        if i % 20 == 0 {
+            assert_eq!(good.produce("j", 0, &batch_of(&["still here"])).0, ErrorCode::None);
+        }
+    }
+    // Oversized length prefix: typed error, then the connection closes.
+    let mut s = Conn::open(port);
+    s.stream.write_all(&u32::MAX.to_le_bytes()).expect("write");
+    let r = s.recv();
+    assert_eq!(r.frame().error(), ErrorCode::RequestTooLarge);
+    let mut rest = Vec::new();
+    assert_eq!(s.stream.read_to_end(&mut rest).expect("closed"), 0);
+    // Unknown API key with a valid envelope: typed error, connection stays.
+    let mut c = Conn::open(port);
+    c.send(
+        ApiKey(77),
+        |fbb| {
+            let b = wire::ApiVersionsRequest::create(fbb, &wire::ApiVersionsRequestArgs {});
+            (wire::RequestBody::ApiVersionsRequest, b.as_union_value())
+        },
+        &[],
+    );
+    assert_eq!(c.recv().frame().error(), ErrorCode::UnsupportedApi);
+    let (err, data, _) = c.fetch("j", 0, 0, 0);
+    assert_eq!(err, ErrorCode::None);
+    assert!(values(&data).iter().all(|(_, v)| v == b"still here"));
+    handle.shutdown().expect("clean shutdown");
+}
