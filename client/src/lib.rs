@@ -1,1 +1,34 @@
-//! placeholder
+//! The Shardlog client (tokio): [`Admin`], [`Producer`], [`Consumer`].
+//!
+//! Every client starts from one bootstrap address, loads metadata, and then
+//! talks to the shard that owns each partition on that shard's own port
+//! (metadata names it), so requests never hop between cores in the broker.
+//!
+//! Code map, in data-path order:
+//! - [`protocol`]: request encoding / response decoding, pure functions.
+//! - `conn`: one TCP connection, a writer task (vectored, pipelined writes)
+//!   and a reader task (responses matched by correlation id).
+//! - `cluster`: metadata cache and one connection per shard address.
+//! - `producer`: accumulator task (partitioning, batching) → a sender task
+//!   per shard (pipelined produce requests) → completion (offsets, retries).
+//! - [`consumer`]: concurrent long-polling fetches per owner shard.
+//! - [`admin`]: topic management.
+
+pub mod admin;
+mod cluster;
+pub mod config;
+mod conn;
+pub mod consumer;
+pub mod error;
+pub mod producer;
+pub mod protocol;
+
+pub use admin::{Admin, PartitionDescription, TopicDescription};
+pub use config::{Acks, ClientConfig, ConsumerConfig, OffsetReset, ProducerConfig};
+pub use consumer::{Consumer, ConsumerRecord, SeekTo};
+pub use error::{ClientError, Result};
+pub use producer::{
+    DefaultPartitioner, DeliveryFuture, Partitioner, Producer, ProducerRecord, RecordMetadata, OFFSET_UNKNOWN,
+};
+pub use protocol::{BrokerInfo, ClusterMetadata, PartitionInfo, TopicMetadata};
+pub use shardlog_schema::ErrorCode;

@@ -1,0 +1,128 @@
+//! Topic administration: create, delete, list, describe, metadata.
+
+use crate::cluster::Cluster;
+use crate::config::ClientConfig;
+use crate::error::{ClientError, Result};
+use crate::protocol::{self, ClusterMetadata, NewTopic, OffsetQuery, TopicResult};
+use shardlog_schema::ErrorCode;
+use std::sync::Arc;
+
+/// One partition of [`TopicDescription`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionDescription {
+    pub partition: u32,
+    pub leader_broker: i32,
+    pub leader_host: String,
+    pub leader_shard: u16,
+    pub leader_port: u16,
+    pub leader_epoch: i32,
+    /// First offset still in the log.
+    pub start_offset: u64,
+    /// Next offset to be written (log end / high watermark).
+    pub end_offset: u64,
+}
+
+/// What `describe_topic` returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicDescription {
+    pub name: String,
+    pub partitions: Vec<PartitionDescription>,
+    pub configs: Vec<(String, String)>,
+}
+
+/// The admin client.
+pub struct Admin {
+    cluster: Arc<Cluster>,
+}
+
+fn check_results(results: Vec<TopicResult>, name: &str) -> Result<()> {
+    let r = results
+        .into_iter()
+        .find(|r| r.name == name)
+        .ok_or_else(|| ClientError::Protocol(format!("no result for topic `{name}`")))?;
+    if r.error == ErrorCode::None {
+        return Ok(());
+    }
+    if r.error == ErrorCode::UnknownTopicOrPartition {
+        return Err(ClientError::UnknownTopic(name.to_string()));
+    }
+    Err(ClientError::broker(r.error, r.message.as_deref()))
+}
+
+impl Admin {
+    pub async fn connect(config: ClientConfig) -> Result<Admin> {
+        Ok(Admin { cluster: Cluster::connect(config, None).await? })
+    }
+
+    /// Creates a topic with `partitions` partitions and `name=value` settings
+    /// (Kafka's names: `segment.bytes`, `retention.ms`, `flush.policy`...).
+    pub async fn create_topic(&self, name: &str, partitions: u32, configs: &[(String, String)]) -> Result<()> {
+        let topic = NewTopic {
+            name: name.to_string(),
+            partitions,
+            replication_factor: 1,
+            configs: configs.to_vec(),
+        };
+        let conn = self.cluster.bootstrap().await?;
+        let client_id = &self.cluster.config.client_id;
+        let raw = conn
+            .call(|corr| protocol::encode_create_topics(corr, client_id, std::slice::from_ref(&topic)), Vec::new())
+            .await?;
+        check_results(protocol::decode_create_topics(&raw)?, name)
+    }
+
+    pub async fn delete_topic(&self, name: &str) -> Result<()> {
+        let conn = self.cluster.bootstrap().await?;
+        let client_id = &self.cluster.config.client_id;
+        let names = [name.to_string()];
+        let raw = conn.call(|corr| protocol::encode_delete_topics(corr, client_id, &names), Vec::new()).await?;
+        check_results(protocol::decode_delete_topics(&raw)?, name)
+    }
+
+    /// Names of all topics, sorted.
+    pub async fn list_topics(&self) -> Result<Vec<String>> {
+        let md = self.cluster.fetch_metadata(None).await?;
+        let mut names: Vec<String> =
+            md.topics.into_iter().filter(|t| t.error == ErrorCode::None).map(|t| t.name).collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Partitions with their leaders (broker, shard, port) and offset range, plus settings.
+    pub async fn describe_topic(&self, name: &str) -> Result<TopicDescription> {
+        let md = self.cluster.refresh(Some(&[name.to_string()])).await?;
+        let topic = md.topic(name).ok_or_else(|| ClientError::UnknownTopic(name.to_string()))?;
+        let mut queries = Vec::with_capacity(topic.partitions.len() * 2);
+        for p in &topic.partitions {
+            for timestamp in [protocol::LIST_OFFSETS_EARLIEST, protocol::LIST_OFFSETS_LATEST] {
+                queries.push(OffsetQuery { topic: name.to_string(), partition: p.partition, timestamp });
+            }
+        }
+        let answers = self.cluster.list_offsets(&queries).await?;
+        let mut partitions = Vec::with_capacity(topic.partitions.len());
+        for (p, pair) in topic.partitions.iter().zip(answers.chunks(2)) {
+            for a in pair {
+                if a.error != ErrorCode::None {
+                    return Err(ClientError::broker(a.error, Some("list offsets")));
+                }
+            }
+            partitions.push(PartitionDescription {
+                partition: p.partition,
+                leader_broker: p.leader_broker,
+                leader_host: md.broker(p.leader_broker).map(|b| b.host.clone()).unwrap_or_default(),
+                leader_shard: p.leader_shard,
+                leader_port: p.leader_port,
+                leader_epoch: p.leader_epoch,
+                start_offset: pair[0].offset.max(0) as u64,
+                end_offset: pair[1].offset.max(0) as u64,
+            });
+        }
+        partitions.sort_by_key(|p| p.partition);
+        Ok(TopicDescription { name: name.to_string(), partitions, configs: topic.configs.clone() })
+    }
+
+    /// Raw cluster metadata for `topics` (all when `None`).
+    pub async fn metadata(&self, topics: Option<&[String]>) -> Result<ClusterMetadata> {
+        self.cluster.fetch_metadata(topics).await
+    }
+}

@@ -1,0 +1,166 @@
+//! Cluster state shared by one client: cached metadata and one connection per
+//! shard address. Touched on metadata refreshes and connection set-up only,
+//! never per record, so plain mutexes (never held across an `.await`) suffice.
+
+use crate::config::ClientConfig;
+use crate::conn::{ConnOptions, Connection};
+use crate::error::{ClientError, Result};
+use crate::protocol::{self, ClusterMetadata, OffsetAnswer, OffsetQuery, TopicMetadata};
+use shardlog_schema::frame::FrameLimits;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub(crate) struct Cluster {
+    pub config: ClientConfig,
+    opts: ConnOptions,
+    metadata: Mutex<Arc<ClusterMetadata>>,
+    conns: Mutex<HashMap<String, Connection>>,
+}
+
+impl Cluster {
+    /// Connects to the bootstrap broker and loads metadata for `topics`
+    /// (all topics when `None`).
+    pub async fn connect(config: ClientConfig, topics: Option<&[String]>) -> Result<Arc<Cluster>> {
+        if config.bootstrap.is_empty() {
+            return Err(ClientError::Config("bootstrap address is empty".into()));
+        }
+        let opts = ConnOptions {
+            max_in_flight: config.max_in_flight,
+            request_timeout: Duration::from_millis(config.request_timeout_ms),
+            connect_timeout: Duration::from_millis(config.connect_timeout_ms),
+            limits: FrameLimits {
+                header_bytes_max: config.response_header_bytes_max,
+                payload_bytes_max: config.response_payload_bytes_max,
+            },
+        };
+        let cluster = Arc::new(Cluster {
+            config,
+            opts,
+            metadata: Mutex::new(Arc::new(ClusterMetadata::default())),
+            conns: Mutex::new(HashMap::new()),
+        });
+        cluster.refresh(topics).await?;
+        Ok(cluster)
+    }
+
+    fn lock_conns(&self) -> std::sync::MutexGuard<'_, HashMap<String, Connection>> {
+        self.conns.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The live connection to `addr`, connecting when needed.
+    pub async fn connection(&self, addr: &str) -> Result<Connection> {
+        if let Some(c) = self.lock_conns().get(addr) {
+            if !c.is_closed() {
+                return Ok(c.clone());
+            }
+        }
+        let fresh = Connection::connect(addr, self.opts).await?;
+        let mut conns = self.lock_conns();
+        // Another task may have connected meanwhile; keep one connection per address.
+        match conns.get(addr) {
+            Some(c) if !c.is_closed() => Ok(c.clone()),
+            _ => {
+                conns.insert(addr.to_string(), fresh.clone());
+                Ok(fresh)
+            }
+        }
+    }
+
+    /// The bootstrap connection (metadata and admin requests go there).
+    pub async fn bootstrap(&self) -> Result<Connection> {
+        self.connection(&self.config.bootstrap).await
+    }
+
+    /// The cached metadata.
+    pub fn metadata(&self) -> Arc<ClusterMetadata> {
+        self.metadata.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Fetches metadata (for `topics`, or all) without touching the cache.
+    pub async fn fetch_metadata(&self, topics: Option<&[String]>) -> Result<ClusterMetadata> {
+        let conn = self.bootstrap().await?;
+        let client_id = &self.config.client_id;
+        let raw = conn.call(|corr| protocol::encode_metadata(corr, client_id, topics), Vec::new()).await?;
+        protocol::decode_metadata(&raw)
+    }
+
+    /// Refreshes the cache: all topics when `None`, else only those named
+    /// (topics the broker no longer knows are dropped from the cache).
+    pub async fn refresh(&self, topics: Option<&[String]>) -> Result<Arc<ClusterMetadata>> {
+        let fresh = self.fetch_metadata(topics).await?;
+        let mut guard = self.metadata.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let merged = match topics {
+            None => fresh,
+            Some(names) => {
+                let mut merged = ClusterMetadata {
+                    brokers: fresh.brokers,
+                    controller_id: fresh.controller_id,
+                    topics: guard.topics.iter().filter(|t| !names.contains(&t.name)).cloned().collect(),
+                };
+                merged.topics.extend(fresh.topics.into_iter().filter(|t| t.error == shardlog_schema::ErrorCode::None));
+                merged
+            }
+        };
+        *guard = Arc::new(merged);
+        Ok(guard.clone())
+    }
+
+    /// Metadata of one topic, from the cache or else freshly fetched.
+    pub async fn topic(&self, name: &str) -> Result<TopicMetadata> {
+        if let Some(t) = self.metadata().topic(name) {
+            return Ok(t.clone());
+        }
+        let md = self.refresh(Some(&[name.to_string()])).await?;
+        md.topic(name).cloned().ok_or_else(|| ClientError::UnknownTopic(name.to_string()))
+    }
+
+    /// The connection to the shard owning `topic`/`partition`.
+    pub async fn leader(&self, topic: &str, partition: u32) -> Result<Connection> {
+        let addr = match self.metadata().leader_addr(topic, partition) {
+            Ok(a) => a,
+            Err(_) => self.refresh(Some(&[topic.to_string()])).await?.leader_addr(topic, partition)?,
+        };
+        self.connection(&addr).await
+    }
+
+    /// ListOffsets, each query sent to the owning shard; requests to
+    /// different shards go out concurrently. Answers come back in query order.
+    pub async fn list_offsets(self: &Arc<Self>, queries: &[OffsetQuery]) -> Result<Vec<OffsetAnswer>> {
+        let md = self.metadata();
+        let mut by_addr: HashMap<String, Vec<OffsetQuery>> = HashMap::new();
+        for q in queries {
+            let addr = match md.leader_addr(&q.topic, q.partition) {
+                Ok(a) => a,
+                Err(_) => self.refresh(Some(&[q.topic.clone()])).await?.leader_addr(&q.topic, q.partition)?,
+            };
+            by_addr.entry(addr).or_default().push(q.clone());
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for (addr, qs) in by_addr {
+            let cluster = self.clone();
+            tasks.spawn(async move {
+                let conn = cluster.connection(&addr).await?;
+                let client_id = &cluster.config.client_id;
+                let raw =
+                    conn.call(|corr| protocol::encode_list_offsets(corr, client_id, &qs), Vec::new()).await?;
+                protocol::decode_list_offsets(&raw)
+            });
+        }
+        let mut answers = Vec::with_capacity(queries.len());
+        while let Some(joined) = tasks.join_next().await {
+            let part = joined.map_err(|e| ClientError::Protocol(format!("list offsets task failed: {e}")))??;
+            answers.extend(part);
+        }
+        queries
+            .iter()
+            .map(|q| {
+                answers
+                    .iter()
+                    .find(|a| a.topic == q.topic && a.partition == q.partition)
+                    .cloned()
+                    .ok_or_else(|| ClientError::Protocol(format!("no ListOffsets answer for {}/{}", q.topic, q.partition)))
+            })
+            .collect()
+    }
+}

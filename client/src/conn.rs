@@ -1,0 +1,386 @@
+//! One TCP connection to one broker shard, shared by every caller.
+//!
+//! ```text
+//!  callers ──submit()──▶ [in-flight permit] ──mpsc──▶ writer task ──write_vectored──▶ socket
+//!                                                        │ registers (corr id, reply) first
+//!                                                        ▼
+//!  callers ◀──oneshot── reader task ◀── frames (verified) ◀────────────────────── socket
+//! ```
+//!
+//! The writer coalesces every queued frame into one vectored write (record
+//! batches are separate buffers, never copied into the frame). The reader
+//! owns the table of outstanding requests and matches responses by
+//! correlation id, in whatever order they come back. A request's in-flight
+//! permit is released when its response is delivered, which bounds the
+//! requests outstanding per connection. Neither task takes a lock.
+
+use crate::error::{ClientError, Result};
+use crate::protocol::RawResponse;
+use bytes::{Buf, Bytes, BytesMut};
+use shardlog_schema::frame::{FrameLimits, LENGTH_PREFIX_BYTES};
+use std::collections::HashMap;
+use std::io::IoSlice;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+
+/// Frames queued for the writer before `submit` waits.
+const WRITE_QUEUE_FRAMES_MAX: usize = 256;
+/// Buffers per `write_vectored` call (Linux IOV_MAX is 1024).
+const IOVECS_MAX: usize = 256;
+/// Smallest free space the reader asks the kernel to fill.
+const READ_CHUNK_BYTES_MIN: usize = 256 << 10;
+
+type Reply = oneshot::Sender<Result<RawResponse>>;
+
+struct Pending {
+    corr: u32,
+    reply: Reply,
+    _permit: OwnedSemaphorePermit,
+}
+
+enum ReaderMsg {
+    Expect(Pending),
+    WriteFailed(ClientError),
+}
+
+struct Outgoing {
+    bufs: Vec<Bytes>,
+    pending: Option<Pending>,
+}
+
+struct Inner {
+    addr: String,
+    next_corr: AtomicU32,
+    tx: mpsc::Sender<Outgoing>,
+    in_flight: Arc<Semaphore>,
+    closed: Arc<AtomicBool>,
+    request_timeout: Duration,
+}
+
+/// A cheap-to-clone handle to one connection.
+#[derive(Clone)]
+pub(crate) struct Connection {
+    inner: Arc<Inner>,
+}
+
+/// The settings a connection needs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnOptions {
+    pub max_in_flight: usize,
+    pub request_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub limits: FrameLimits,
+}
+
+/// The answer to one submitted request (a response or, for requests that get
+/// none, nothing).
+pub(crate) struct ResponseFuture {
+    rx: Option<oneshot::Receiver<Result<RawResponse>>>,
+    addr: String,
+    timeout: Duration,
+}
+
+impl ResponseFuture {
+    /// Waits for the response, up to the request timeout (plus `extra`, for
+    /// long-polling fetches).
+    pub async fn wait(self, extra: Duration) -> Result<RawResponse> {
+        let Some(rx) = self.rx else {
+            return Err(ClientError::Protocol("request expects no response".into()));
+        };
+        match tokio::time::timeout(self.timeout + extra, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(ClientError::ConnectionClosed(self.addr)),
+            Err(_) => Err(ClientError::Timeout),
+        }
+    }
+}
+
+impl Connection {
+    /// Connects and starts the reader and writer tasks.
+    pub async fn connect(addr: &str, opts: ConnOptions) -> Result<Connection> {
+        let stream = match tokio::time::timeout(opts.connect_timeout, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(ClientError::io(addr, e)),
+            Err(_) => return Err(ClientError::Timeout),
+        };
+        stream.set_nodelay(true).map_err(|e| ClientError::io(addr, e))?;
+        Ok(Connection::from_stream(stream, addr, opts))
+    }
+
+    pub(crate) fn from_stream(stream: TcpStream, addr: &str, opts: ConnOptions) -> Connection {
+        let (read, write) = stream.into_split();
+        let (tx, rx) = mpsc::channel(WRITE_QUEUE_FRAMES_MAX);
+        let (reader_tx, reader_rx) = mpsc::unbounded_channel();
+        let closed = Arc::new(AtomicBool::new(false));
+        tokio::spawn(writer_task(write, rx, reader_tx, addr.to_string()));
+        tokio::spawn(reader_task(read, reader_rx, opts.limits, closed.clone(), addr.to_string()));
+        Connection {
+            inner: Arc::new(Inner {
+                addr: addr.to_string(),
+                next_corr: AtomicU32::new(1),
+                tx,
+                in_flight: Arc::new(Semaphore::new(opts.max_in_flight.max(1))),
+                closed,
+                request_timeout: opts.request_timeout,
+            }),
+        }
+    }
+
+    /// Whether the connection has failed or closed (callers reconnect).
+    pub fn is_closed(&self) -> bool {
+        self.inner.closed.load(Ordering::Relaxed) || self.inner.tx.is_closed()
+    }
+
+    /// Queues one request: waits for an in-flight permit (when a response is
+    /// expected) and for room in the write queue, then returns the future of
+    /// the response. Requests submitted one after another from one task go
+    /// on the wire in that order.
+    ///
+    /// `encode` gets the correlation id and returns `[len][envelope]`;
+    /// `payload` (raw record batches) is written right after it.
+    pub async fn submit(
+        &self,
+        encode: impl FnOnce(u32) -> Vec<u8>,
+        payload: Vec<Bytes>,
+        expect_response: bool,
+    ) -> Result<ResponseFuture> {
+        if self.is_closed() {
+            return Err(ClientError::ConnectionClosed(self.inner.addr.clone()));
+        }
+        let closed = || ClientError::ConnectionClosed(self.inner.addr.clone());
+        let permit = if expect_response {
+            Some(self.inner.in_flight.clone().acquire_owned().await.map_err(|_| closed())?)
+        } else {
+            None
+        };
+        let corr = self.inner.next_corr.fetch_add(1, Ordering::Relaxed);
+        let mut bufs = Vec::with_capacity(1 + payload.len());
+        bufs.push(Bytes::from(encode(corr)));
+        bufs.extend(payload);
+        let (pending, rx) = match permit {
+            Some(permit) => {
+                let (reply, rx) = oneshot::channel();
+                (Some(Pending { corr, reply, _permit: permit }), Some(rx))
+            }
+            None => (None, None),
+        };
+        self.inner.tx.send(Outgoing { bufs, pending }).await.map_err(|_| closed())?;
+        Ok(ResponseFuture { rx, addr: self.inner.addr.clone(), timeout: self.inner.request_timeout })
+    }
+
+    /// Submits a request and waits for its response.
+    pub async fn call(&self, encode: impl FnOnce(u32) -> Vec<u8>, payload: Vec<Bytes>) -> Result<RawResponse> {
+        self.submit(encode, payload, true).await?.wait(Duration::ZERO).await
+    }
+}
+
+async fn writer_task(
+    mut write: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Outgoing>,
+    reader_tx: mpsc::UnboundedSender<ReaderMsg>,
+    addr: String,
+) {
+    let mut queued: Vec<Outgoing> = Vec::new();
+    let mut bufs: Vec<Bytes> = Vec::new();
+    loop {
+        if rx.recv_many(&mut queued, WRITE_QUEUE_FRAMES_MAX).await == 0 {
+            break; // every handle dropped
+        }
+        for out in queued.drain(..) {
+            if let Some(p) = out.pending {
+                // Registered before the bytes hit the wire, so the reader always
+                // knows a correlation id before its response can arrive.
+                if let Err(mpsc::error::SendError(ReaderMsg::Expect(p))) = reader_tx.send(ReaderMsg::Expect(p)) {
+                    let _ = p.reply.send(Err(ClientError::ConnectionClosed(addr.clone())));
+                }
+            }
+            bufs.extend(out.bufs);
+        }
+        if let Err(e) = write_all_vectored(&mut write, &mut bufs).await {
+            tracing::debug!(%addr, error = %e, "write failed; closing connection");
+            let _ = reader_tx.send(ReaderMsg::WriteFailed(ClientError::io(&addr, e)));
+            return;
+        }
+    }
+    let _ = write.shutdown().await;
+}
+
+/// Writes every buffer in order with as few syscalls as the kernel allows.
+pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    bufs: &mut Vec<Bytes>,
+) -> std::io::Result<()> {
+    let mut first = 0usize;
+    while first < bufs.len() {
+        let slices: Vec<IoSlice<'_>> =
+            bufs[first..].iter().take(IOVECS_MAX).map(|b| IoSlice::new(b)).collect();
+        let mut n = w.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 {
+            let b = &mut bufs[first];
+            if n >= b.len() {
+                n -= b.len();
+                first += 1;
+            } else {
+                b.advance(n);
+                n = 0;
+            }
+        }
+        while first < bufs.len() && bufs[first].is_empty() {
+            first += 1;
+        }
+    }
+    bufs.clear();
+    Ok(())
+}
+
+/// A frame whose envelope has been verified but whose bytes are not all in yet.
+#[derive(Clone, Copy)]
+struct FrameShape {
+    header_bytes: usize,
+    payload_bytes: usize,
+    corr: u32,
+}
+
+impl FrameShape {
+    fn total(&self) -> usize {
+        LENGTH_PREFIX_BYTES + self.header_bytes + self.payload_bytes
+    }
+}
+
+/// Reads the frame at the front of `buf` as far as the bytes allow: `Ok(None)`
+/// when more bytes are needed. Verifies the envelope as soon as it is in.
+fn peek_frame(buf: &[u8], limits: &FrameLimits) -> Result<Option<FrameShape>> {
+    if buf.len() < LENGTH_PREFIX_BYTES {
+        return Ok(None);
+    }
+    let header_len = shardlog_schema::frame::decode_prefix(buf[..4].try_into().expect("4 bytes"));
+    limits.check_header_len(header_len).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    let header_bytes = header_len as usize;
+    if buf.len() < LENGTH_PREFIX_BYTES + header_bytes {
+        return Ok(None);
+    }
+    let frame = limits
+        .verify_response(&buf[LENGTH_PREFIX_BYTES..LENGTH_PREFIX_BYTES + header_bytes])
+        .map_err(|e| ClientError::Protocol(format!("response failed verification: {e}")))?;
+    limits.check_payload_len(frame.payload_bytes()).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    Ok(Some(FrameShape { header_bytes, payload_bytes: frame.payload_bytes() as usize, corr: frame.correlation_id() }))
+}
+
+async fn reader_task(
+    mut read: OwnedReadHalf,
+    mut rx: mpsc::UnboundedReceiver<ReaderMsg>,
+    limits: FrameLimits,
+    closed: Arc<AtomicBool>,
+    addr: String,
+) {
+    let mut pending: HashMap<u32, Pending> = HashMap::new();
+    let err = read_loop(&mut read, &mut rx, &mut pending, limits, &addr).await;
+    closed.store(true, Ordering::Relaxed);
+    if !pending.is_empty() {
+        tracing::debug!(%addr, error = %err, outstanding = pending.len(), "connection closed");
+    }
+    for (_, p) in pending.drain() {
+        let _ = p.reply.send(Err(err.clone()));
+    }
+    rx.close();
+    while let Ok(msg) = rx.try_recv() {
+        if let ReaderMsg::Expect(p) = msg {
+            let _ = p.reply.send(Err(err.clone()));
+        }
+    }
+}
+
+/// Runs until the connection fails or every handle is gone and nothing is
+/// outstanding; returns the error to fail outstanding requests with.
+async fn read_loop(
+    read: &mut OwnedReadHalf,
+    rx: &mut mpsc::UnboundedReceiver<ReaderMsg>,
+    pending: &mut HashMap<u32, Pending>,
+    limits: FrameLimits,
+    addr: &str,
+) -> ClientError {
+    let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES_MIN);
+    let mut shape: Option<FrameShape> = None;
+    let mut writer_gone = false;
+    loop {
+        // Deliver every complete frame in the buffer.
+        loop {
+            if shape.is_none() {
+                match peek_frame(&buf, &limits) {
+                    Ok(s) => shape = s,
+                    Err(e) => return e,
+                }
+            }
+            let Some(s) = shape else { break };
+            if buf.len() < s.total() {
+                break;
+            }
+            shape = None;
+            buf.advance(LENGTH_PREFIX_BYTES);
+            let header = buf.split_to(s.header_bytes).freeze();
+            let payload = buf.split_to(s.payload_bytes).freeze();
+            if let Some(e) = deliver(pending, rx, RawResponse { header, payload, limits }, s.corr, addr) {
+                return e;
+            }
+        }
+        if writer_gone && pending.is_empty() {
+            return ClientError::ConnectionClosed(addr.to_string());
+        }
+        let want = shape.map_or(0, |s| s.total().saturating_sub(buf.len()));
+        if buf.capacity() - buf.len() < want.max(READ_CHUNK_BYTES_MIN / 4) {
+            buf.reserve(want.max(READ_CHUNK_BYTES_MIN));
+        }
+        tokio::select! {
+            msg = rx.recv(), if !writer_gone => match msg {
+                Some(ReaderMsg::Expect(p)) => {
+                    pending.insert(p.corr, p);
+                }
+                Some(ReaderMsg::WriteFailed(e)) => return e,
+                None => writer_gone = true,
+            },
+            n = read.read_buf(&mut buf) => match n {
+                Ok(0) => return ClientError::ConnectionClosed(addr.to_string()),
+                Ok(_) => {}
+                Err(e) => return ClientError::io(addr, e),
+            },
+        }
+    }
+}
+
+fn deliver(
+    pending: &mut HashMap<u32, Pending>,
+    rx: &mut mpsc::UnboundedReceiver<ReaderMsg>,
+    response: RawResponse,
+    corr: u32,
+    addr: &str,
+) -> Option<ClientError> {
+    let mut failed = None;
+    if !pending.contains_key(&corr) {
+        // The registration is queued before the request is written; pick it up.
+        while let Ok(msg) = rx.try_recv() {
+            match msg {
+                ReaderMsg::Expect(p) => {
+                    pending.insert(p.corr, p);
+                }
+                ReaderMsg::WriteFailed(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+    }
+    match pending.remove(&corr) {
+        // The caller may have given up (timeout); that is fine.
+        Some(p) => drop(p.reply.send(Ok(response))),
+        None => tracing::warn!(%addr, corr, "response for an unknown correlation id ignored"),
+    }
+    failed
+}

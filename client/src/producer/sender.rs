@@ -1,0 +1,293 @@
+//! Sender tasks: one per owner-shard address. Each turns sealed batches into
+//! pipelined produce requests and completes their records' futures.
+
+use super::accumulator::delivered;
+use super::{DeliveryReply, OFFSET_UNKNOWN};
+use crate::cluster::Cluster;
+use crate::config::{Acks, ProducerConfig};
+use crate::conn::ResponseFuture;
+use crate::error::{ClientError, Result};
+use crate::protocol::{self, ProduceEntry, ProduceResult};
+use bytes::Bytes;
+use shardlog_schema::ErrorCode;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, Semaphore};
+
+/// Sealed batches taken from the queue per wake-up.
+const BATCHES_PER_WAKE_MAX: usize = 1024;
+
+/// What every sender and completion task shares.
+pub(crate) struct SenderCtx {
+    pub cluster: Arc<Cluster>,
+    /// Buffer-bytes semaphore of the producer; completed batches give back.
+    pub buffer: Arc<Semaphore>,
+    acks: i8,
+    timeout_ms: u32,
+    retries: u32,
+    backoff: Duration,
+    request_bytes_max: usize,
+    done_tx: mpsc::UnboundedSender<u64>,
+}
+
+impl SenderCtx {
+    pub fn new(
+        cluster: Arc<Cluster>,
+        config: &ProducerConfig,
+        buffer: Arc<Semaphore>,
+        done_tx: mpsc::UnboundedSender<u64>,
+    ) -> Self {
+        SenderCtx {
+            acks: config.acks.wire(),
+            timeout_ms: u32::try_from(config.client.request_timeout_ms).unwrap_or(u32::MAX),
+            retries: config.retries,
+            backoff: Duration::from_millis(config.client.retry_backoff_ms),
+            request_bytes_max: config.request_bytes_max.max(1),
+            buffer,
+            done_tx,
+            cluster,
+        }
+    }
+
+    fn expects_response(&self) -> bool {
+        self.acks != Acks::None.wire()
+    }
+}
+
+/// A finished batch on its way to the broker.
+pub(crate) struct SealedBatch {
+    pub id: u64,
+    pub topic: Arc<str>,
+    pub partition: u32,
+    pub data: Bytes,
+    pub record_count: u32,
+    pub replies: Vec<(DeliveryReply, i64)>,
+    pub buffer_bytes: usize,
+    pub attempts: u32,
+}
+
+impl SealedBatch {
+    /// Resolves every record's future, gives back the buffer bytes and tells
+    /// the accumulator (for flush).
+    fn finish(self, ctx: &SenderCtx, outcome: Result<(i64, i64)>) {
+        match outcome {
+            Ok((base, append_time_ms)) => {
+                for (i, (reply, ts)) in self.replies.into_iter().enumerate() {
+                    let offset = if base < 0 { OFFSET_UNKNOWN } else { base as u64 + i as u64 };
+                    let ts = if append_time_ms >= 0 { append_time_ms } else { ts };
+                    let _ = reply.send(Ok(delivered(&self.topic, self.partition, offset, ts)));
+                }
+            }
+            Err(e) => {
+                tracing::debug!(topic = %self.topic, partition = self.partition, error = %e, "batch failed");
+                for (reply, _) in self.replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+        ctx.buffer.add_permits(self.buffer_bytes);
+        let _ = ctx.done_tx.send(self.id);
+    }
+}
+
+/// Batches of one partition inside one request (payload order = entry order).
+struct Entry {
+    topic: Arc<str>,
+    partition: u32,
+    batches: Vec<SealedBatch>,
+}
+
+fn group(mut batches: Vec<SealedBatch>) -> Vec<Entry> {
+    // Stable: batches of one partition keep their order.
+    batches.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    let mut entries: Vec<Entry> = Vec::new();
+    for b in batches {
+        match entries.last_mut() {
+            Some(e) if e.topic == b.topic && e.partition == b.partition => e.batches.push(b),
+            _ => entries.push(Entry { topic: b.topic.clone(), partition: b.partition, batches: vec![b] }),
+        }
+    }
+    entries
+}
+
+fn encode(ctx: &SenderCtx, client_id: &str, corr: u32, entries: &[Entry]) -> Vec<u8> {
+    let wire_entries: Vec<ProduceEntry<'_>> = entries
+        .iter()
+        .map(|e| ProduceEntry {
+            topic: &e.topic,
+            partition: e.partition,
+            batch_bytes: e.batches.iter().map(|b| b.data.len() as u32).sum(),
+        })
+        .collect();
+    protocol::encode_produce(corr, client_id, ctx.acks, ctx.timeout_ms, &wire_entries)
+}
+
+/// Starts the sender task for `addr`.
+pub(crate) fn spawn(ctx: Arc<SenderCtx>, addr: String) -> mpsc::UnboundedSender<SealedBatch> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(send_loop(ctx, addr, rx));
+    tx
+}
+
+async fn send_loop(ctx: Arc<SenderCtx>, addr: String, mut rx: mpsc::UnboundedReceiver<SealedBatch>) {
+    let mut queue: Vec<SealedBatch> = Vec::new();
+    loop {
+        if queue.is_empty() {
+            if rx.recv_many(&mut queue, BATCHES_PER_WAKE_MAX).await == 0 {
+                return;
+            }
+        } else {
+            while let Ok(b) = rx.try_recv() {
+                queue.push(b);
+            }
+        }
+        // One request's worth, at least one batch.
+        let mut bytes = 0usize;
+        let mut n = 0usize;
+        for b in &queue {
+            if n > 0 && bytes + b.data.len() > ctx.request_bytes_max {
+                break;
+            }
+            bytes += b.data.len();
+            n += 1;
+        }
+        let entries = group(queue.drain(..n).collect());
+        let conn = match ctx.cluster.connection(&addr).await {
+            Ok(c) => c,
+            Err(e) => {
+                tokio::spawn(retry_batches(ctx.clone(), flatten(entries), Some(e)));
+                continue;
+            }
+        };
+        let payload: Vec<Bytes> = entries.iter().flat_map(|e| e.batches.iter().map(|b| b.data.clone())).collect();
+        let client_id = ctx.cluster.config.client_id.clone();
+        // Waits for an in-flight slot: this is where pipelining is bounded.
+        let submitted =
+            conn.submit(|corr| encode(&ctx, &client_id, corr, &entries), payload, ctx.expects_response()).await;
+        match submitted {
+            Ok(_) if !ctx.expects_response() => {
+                for b in flatten(entries) {
+                    b.finish(&ctx, Ok((-1, -1)));
+                }
+            }
+            Ok(response) => {
+                tokio::spawn(complete(ctx.clone(), response, entries));
+            }
+            Err(e) => {
+                tokio::spawn(retry_batches(ctx.clone(), flatten(entries), Some(e)));
+            }
+        }
+    }
+}
+
+fn flatten(entries: Vec<Entry>) -> Vec<SealedBatch> {
+    entries.into_iter().flat_map(|e| e.batches).collect()
+}
+
+fn partition_error(r: &ProduceResult) -> ClientError {
+    ClientError::broker(r.error, r.message.as_deref())
+}
+
+/// Waits for one produce response and resolves its batches; retriable
+/// failures go to the retry path.
+async fn complete(ctx: Arc<SenderCtx>, response: ResponseFuture, entries: Vec<Entry>) {
+    let results = match response.wait(Duration::ZERO).await.and_then(|raw| protocol::decode_produce(&raw)) {
+        Ok(r) => r,
+        Err(e) if e.is_retriable() => return retry_batches(ctx, flatten(entries), Some(e)).await,
+        Err(e) => {
+            for b in flatten(entries) {
+                b.finish(&ctx, Err(e.clone()));
+            }
+            return;
+        }
+    };
+    let mut retry = Vec::new();
+    let mut retry_err = None;
+    for entry in entries {
+        let Some(r) = results.iter().find(|r| *r.topic == *entry.topic && r.partition == entry.partition) else {
+            let e = ClientError::Protocol(format!("no produce result for {}/{}", entry.topic, entry.partition));
+            for b in entry.batches {
+                b.finish(&ctx, Err(e.clone()));
+            }
+            continue;
+        };
+        if r.error == ErrorCode::None {
+            let mut base = r.base_offset;
+            for b in entry.batches {
+                let count = i64::from(b.record_count);
+                b.finish(&ctx, Ok((base, r.log_append_time_ms)));
+                if base >= 0 {
+                    base += count;
+                }
+            }
+        } else if shardlog_schema::error::is_retriable(r.error) {
+            retry_err = Some(partition_error(r));
+            retry.extend(entry.batches);
+        } else {
+            let e = partition_error(r);
+            for b in entry.batches {
+                b.finish(&ctx, Err(e.clone()));
+            }
+        }
+    }
+    if !retry.is_empty() {
+        retry_batches(ctx, retry, retry_err).await;
+    }
+}
+
+/// Retries batches one by one (in order) after a backoff and a metadata
+/// refresh, up to `retries` attempts each.
+pub(crate) async fn retry_batches(ctx: Arc<SenderCtx>, batches: Vec<SealedBatch>, err: Option<ClientError>) {
+    for mut b in batches {
+        let mut last = err.clone();
+        loop {
+            if b.attempts >= ctx.retries {
+                let e = last.take().unwrap_or(ClientError::Protocol("batch could not be sent".into()));
+                b.finish(&ctx, Err(e));
+                break;
+            }
+            b.attempts += 1;
+            tokio::time::sleep(ctx.backoff).await;
+            if let Err(e) = ctx.cluster.refresh(Some(&[b.topic.to_string()])).await {
+                tracing::debug!(error = %e, "metadata refresh before retry failed");
+            }
+            match send_one(&ctx, &b).await {
+                Ok(offsets) => {
+                    b.finish(&ctx, Ok(offsets));
+                    break;
+                }
+                Err(e) if e.is_retriable() => last = Some(e),
+                Err(e) => {
+                    b.finish(&ctx, Err(e));
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Sends one batch on its own and returns (base offset, log append time).
+async fn send_one(ctx: &SenderCtx, b: &SealedBatch) -> Result<(i64, i64)> {
+    let conn = ctx.cluster.leader(&b.topic, b.partition).await?;
+    let entry = [ProduceEntry { topic: &b.topic, partition: b.partition, batch_bytes: b.data.len() as u32 }];
+    let client_id = &ctx.cluster.config.client_id;
+    let response = conn
+        .submit(
+            |corr| protocol::encode_produce(corr, client_id, ctx.acks, ctx.timeout_ms, &entry),
+            vec![b.data.clone()],
+            ctx.expects_response(),
+        )
+        .await?;
+    if !ctx.expects_response() {
+        return Ok((-1, -1));
+    }
+    let results = protocol::decode_produce(&response.wait(Duration::ZERO).await?)?;
+    let r = results
+        .iter()
+        .find(|r| *r.topic == *b.topic && r.partition == b.partition)
+        .ok_or_else(|| ClientError::Protocol(format!("no produce result for {}/{}", b.topic, b.partition)))?;
+    if r.error != ErrorCode::None {
+        return Err(partition_error(r));
+    }
+    Ok((r.base_offset, r.log_append_time_ms))
+}
