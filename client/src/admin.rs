@@ -56,17 +56,21 @@ impl Admin {
 
     /// Creates a topic with `partitions` partitions and `name=value` settings
     /// (Kafka's names: `segment.bytes`, `retention.ms`, `flush.policy`...).
-    pub async fn create_topic(&self, name: &str, partitions: u32, configs: &[(String, String)]) -> Result<()> {
-        let topic = NewTopic {
-            name: name.to_string(),
-            partitions,
-            replication_factor: 1,
-            configs: configs.to_vec(),
-        };
+    pub async fn create_topic(
+        &self,
+        name: &str,
+        partitions: u32,
+        configs: &[(String, String)],
+    ) -> Result<()> {
+        let topic =
+            NewTopic { name: name.to_string(), partitions, replication_factor: 1, configs: configs.to_vec() };
         let conn = self.cluster.bootstrap().await?;
         let client_id = &self.cluster.config.client_id;
         let raw = conn
-            .call(|corr| protocol::encode_create_topics(corr, client_id, std::slice::from_ref(&topic)), Vec::new())
+            .call(
+                |corr| protocol::encode_create_topics(corr, client_id, std::slice::from_ref(&topic)),
+                Vec::new(),
+            )
             .await?;
         check_results(protocol::decode_create_topics(&raw)?, name)
     }
@@ -75,7 +79,8 @@ impl Admin {
         let conn = self.cluster.bootstrap().await?;
         let client_id = &self.cluster.config.client_id;
         let names = [name.to_string()];
-        let raw = conn.call(|corr| protocol::encode_delete_topics(corr, client_id, &names), Vec::new()).await?;
+        let raw =
+            conn.call(|corr| protocol::encode_delete_topics(corr, client_id, &names), Vec::new()).await?;
         check_results(protocol::decode_delete_topics(&raw)?, name)
     }
 

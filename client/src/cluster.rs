@@ -98,7 +98,9 @@ impl Cluster {
                     controller_id: fresh.controller_id,
                     topics: guard.topics.iter().filter(|t| !names.contains(&t.name)).cloned().collect(),
                 };
-                merged.topics.extend(fresh.topics.into_iter().filter(|t| t.error == shardlog_schema::ErrorCode::None));
+                merged
+                    .topics
+                    .extend(fresh.topics.into_iter().filter(|t| t.error == shardlog_schema::ErrorCode::None));
                 merged
             }
         };
@@ -128,39 +130,46 @@ impl Cluster {
     /// different shards go out concurrently. Answers come back in query order.
     pub async fn list_offsets(self: &Arc<Self>, queries: &[OffsetQuery]) -> Result<Vec<OffsetAnswer>> {
         let md = self.metadata();
-        let mut by_addr: HashMap<String, Vec<OffsetQuery>> = HashMap::new();
-        for q in queries {
+        let mut by_addr: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, q) in queries.iter().enumerate() {
             let addr = match md.leader_addr(&q.topic, q.partition) {
                 Ok(a) => a,
-                Err(_) => self.refresh(Some(&[q.topic.clone()])).await?.leader_addr(&q.topic, q.partition)?,
+                Err(_) => self
+                    .refresh(Some(std::slice::from_ref(&q.topic)))
+                    .await?
+                    .leader_addr(&q.topic, q.partition)?,
             };
-            by_addr.entry(addr).or_default().push(q.clone());
+            by_addr.entry(addr).or_default().push(i);
         }
         let mut tasks = tokio::task::JoinSet::new();
-        for (addr, qs) in by_addr {
+        for (addr, indices) in by_addr {
             let cluster = self.clone();
+            let qs: Vec<OffsetQuery> = indices.iter().map(|&i| queries[i].clone()).collect();
             tasks.spawn(async move {
                 let conn = cluster.connection(&addr).await?;
                 let client_id = &cluster.config.client_id;
                 let raw =
                     conn.call(|corr| protocol::encode_list_offsets(corr, client_id, &qs), Vec::new()).await?;
-                protocol::decode_list_offsets(&raw)
+                Ok::<_, ClientError>((indices, qs, protocol::decode_list_offsets(&raw)?))
             });
         }
-        let mut answers = Vec::with_capacity(queries.len());
+        let mut answers: Vec<Option<OffsetAnswer>> = vec![None; queries.len()];
         while let Some(joined) = tasks.join_next().await {
-            let part = joined.map_err(|e| ClientError::Protocol(format!("list offsets task failed: {e}")))??;
-            answers.extend(part);
+            let (indices, qs, got) =
+                joined.map_err(|e| ClientError::Protocol(format!("list offsets task failed: {e}")))??;
+            // Answers normally come in request order; otherwise match each
+            // query to the first unused answer for its partition.
+            let mut got: Vec<Option<OffsetAnswer>> = got.into_iter().map(Some).collect();
+            for (i, q) in indices.into_iter().zip(&qs) {
+                let slot = got
+                    .iter_mut()
+                    .find(|a| a.as_ref().is_some_and(|a| a.topic == q.topic && a.partition == q.partition));
+                answers[i] = slot.and_then(Option::take);
+            }
         }
-        queries
-            .iter()
-            .map(|q| {
-                answers
-                    .iter()
-                    .find(|a| a.topic == q.topic && a.partition == q.partition)
-                    .cloned()
-                    .ok_or_else(|| ClientError::Protocol(format!("no ListOffsets answer for {}/{}", q.topic, q.partition)))
-            })
+        answers
+            .into_iter()
+            .map(|a| a.ok_or_else(|| ClientError::Protocol("missing ListOffsets answer".into())))
             .collect()
     }
 }

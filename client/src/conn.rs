@@ -174,7 +174,11 @@ impl Connection {
     }
 
     /// Submits a request and waits for its response.
-    pub async fn call(&self, encode: impl FnOnce(u32) -> Vec<u8>, payload: Vec<Bytes>) -> Result<RawResponse> {
+    pub async fn call(
+        &self,
+        encode: impl FnOnce(u32) -> Vec<u8>,
+        payload: Vec<Bytes>,
+    ) -> Result<RawResponse> {
         self.submit(encode, payload, true).await?.wait(Duration::ZERO).await
     }
 }
@@ -195,7 +199,9 @@ async fn writer_task(
             if let Some(p) = out.pending {
                 // Registered before the bytes hit the wire, so the reader always
                 // knows a correlation id before its response can arrive.
-                if let Err(mpsc::error::SendError(ReaderMsg::Expect(p))) = reader_tx.send(ReaderMsg::Expect(p)) {
+                if let Err(mpsc::error::SendError(ReaderMsg::Expect(p))) =
+                    reader_tx.send(ReaderMsg::Expect(p))
+                {
                     let _ = p.reply.send(Err(ClientError::ConnectionClosed(addr.clone())));
                 }
             }
@@ -271,7 +277,11 @@ fn peek_frame(buf: &[u8], limits: &FrameLimits) -> Result<Option<FrameShape>> {
         .verify_response(&buf[LENGTH_PREFIX_BYTES..LENGTH_PREFIX_BYTES + header_bytes])
         .map_err(|e| ClientError::Protocol(format!("response failed verification: {e}")))?;
     limits.check_payload_len(frame.payload_bytes()).map_err(|e| ClientError::Protocol(e.to_string()))?;
-    Ok(Some(FrameShape { header_bytes, payload_bytes: frame.payload_bytes() as usize, corr: frame.correlation_id() }))
+    Ok(Some(FrameShape {
+        header_bytes,
+        payload_bytes: frame.payload_bytes() as usize,
+        corr: frame.correlation_id(),
+    }))
 }
 
 async fn reader_task(

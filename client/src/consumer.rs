@@ -345,8 +345,9 @@ async fn fetch(
 ) -> Result<Vec<FetchResult>> {
     let conn = cluster.connection(addr).await?;
     let client_id = &cluster.config.client_id;
-    let response =
-        conn.submit(|corr| protocol::encode_fetch(corr, client_id, params, targets), Vec::new(), true).await?;
+    let response = conn
+        .submit(|corr| protocol::encode_fetch(corr, client_id, params, targets), Vec::new(), true)
+        .await?;
     let raw = response.wait(Duration::from_millis(u64::from(params.max_wait_ms))).await?;
     protocol::decode_fetch(&raw)
 }
@@ -369,7 +370,10 @@ pub(crate) fn decode_records(
             continue;
         }
         let views = records(bytes).map_err(|e| {
-            ClientError::Protocol(format!("corrupt records in {topic}/{partition} at {}: {e}", header.base_offset))
+            ClientError::Protocol(format!(
+                "corrupt records in {topic}/{partition} at {}: {e}",
+                header.base_offset
+            ))
         })?;
         for r in views {
             if r.offset < position {

@@ -32,3 +32,8 @@ pub use producer::{
 };
 pub use protocol::{BrokerInfo, ClusterMetadata, PartitionInfo, TopicMetadata};
 pub use shardlog_schema::ErrorCode;
+
+#[cfg(test)]
+mod testing;
+#[cfg(test)]
+mod tests;

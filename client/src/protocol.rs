@@ -169,7 +169,10 @@ impl ClusterMetadata {
             return Err(ClientError::broker(p.error, Some("partition metadata")));
         }
         let b = self.broker(p.leader_broker).ok_or_else(|| {
-            ClientError::Protocol(format!("leader broker {} of {topic}/{partition} not listed", p.leader_broker))
+            ClientError::Protocol(format!(
+                "leader broker {} of {topic}/{partition} not listed",
+                p.leader_broker
+            ))
         })?;
         let port = if p.leader_port != 0 { p.leader_port } else { b.port };
         Ok(format!("{}:{port}", b.host))
@@ -292,7 +295,8 @@ pub fn encode_create_topics(corr: u32, client_id: &str, topics: &[NewTopic]) -> 
         })
         .collect();
     let topics = fbb.create_vector(&items);
-    let body = wire::CreateTopicsRequest::create(&mut fbb, &wire::CreateTopicsRequestArgs { topics: Some(topics) });
+    let body =
+        wire::CreateTopicsRequest::create(&mut fbb, &wire::CreateTopicsRequestArgs { topics: Some(topics) });
     envelope(
         fbb,
         corr,
@@ -307,7 +311,8 @@ pub fn encode_create_topics(corr: u32, client_id: &str, topics: &[NewTopic]) -> 
 pub fn encode_delete_topics(corr: u32, client_id: &str, topics: &[String]) -> Vec<u8> {
     let mut fbb = FlatBufferBuilder::with_capacity(256);
     let topics = string_vector(&mut fbb, topics);
-    let body = wire::DeleteTopicsRequest::create(&mut fbb, &wire::DeleteTopicsRequestArgs { topics: Some(topics) });
+    let body =
+        wire::DeleteTopicsRequest::create(&mut fbb, &wire::DeleteTopicsRequestArgs { topics: Some(topics) });
     envelope(
         fbb,
         corr,
@@ -476,7 +481,15 @@ pub fn encode_fetch(corr: u32, client_id: &str, params: FetchParams, targets: &[
             partitions: Some(partitions),
         },
     );
-    envelope(fbb, corr, client_id, wire::ApiKey::Fetch, wire::RequestBody::FetchRequest, body.as_union_value(), 0)
+    envelope(
+        fbb,
+        corr,
+        client_id,
+        wire::ApiKey::Fetch,
+        wire::RequestBody::FetchRequest,
+        body.as_union_value(),
+        0,
+    )
 }
 
 /// One partition of a fetch response, with its raw batch bytes.
@@ -558,8 +571,10 @@ pub fn encode_list_offsets(corr: u32, client_id: &str, queries: &[OffsetQuery]) 
         })
         .collect();
     let partitions = fbb.create_vector(&items);
-    let body =
-        wire::ListOffsetsRequest::create(&mut fbb, &wire::ListOffsetsRequestArgs { partitions: Some(partitions) });
+    let body = wire::ListOffsetsRequest::create(
+        &mut fbb,
+        &wire::ListOffsetsRequestArgs { partitions: Some(partitions) },
+    );
     envelope(
         fbb,
         corr,

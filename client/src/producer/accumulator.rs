@@ -88,7 +88,11 @@ fn now_ms() -> i64 {
 }
 
 impl Accumulator {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>, mut done_rx: mpsc::UnboundedReceiver<u64>) {
+    async fn run(
+        mut self,
+        mut rx: mpsc::UnboundedReceiver<Command>,
+        mut done_rx: mpsc::UnboundedReceiver<u64>,
+    ) {
         let mut commands = Vec::with_capacity(COMMANDS_PER_WAKE_MAX);
         let mut open = true;
         loop {
@@ -174,7 +178,8 @@ impl Accumulator {
         if record.headers.is_empty() {
             batch.builder.push(record.key.as_deref(), &record.value, &[], ts);
         } else {
-            let headers: Vec<HeaderRef<'_>> = record.headers.iter().map(|(k, v)| (k.as_str(), &v[..])).collect();
+            let headers: Vec<HeaderRef<'_>> =
+                record.headers.iter().map(|(k, v)| (k.as_str(), &v[..])).collect();
             batch.builder.push(record.key.as_deref(), &record.value, &headers, ts);
         }
         batch.replies.push((reply, ts));
@@ -248,7 +253,8 @@ impl Accumulator {
                 break;
             }
             let (_, topic, partition, id) = self.linger_queue.pop_front().expect("front exists");
-            let still_open = self.topics.get(&topic).and_then(|t| t.partitions[partition as usize].open.as_ref());
+            let still_open =
+                self.topics.get(&topic).and_then(|t| t.partitions[partition as usize].open.as_ref());
             if still_open.is_some_and(|b| b.id == id) {
                 self.seal(&topic, partition);
             }

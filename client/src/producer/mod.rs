@@ -187,7 +187,9 @@ impl Producer {
         let buffer = Arc::new(Semaphore::new(buffer_bytes_max));
         let (tx, rx) = mpsc::unbounded_channel();
         accumulator::spawn(cluster, config, buffer.clone(), rx);
-        Ok(Producer { shared: Arc::new(Shared { tx, buffer, buffer_bytes_max, closed: AtomicBool::new(false) }) })
+        Ok(Producer {
+            shared: Arc::new(Shared { tx, buffer, buffer_bytes_max, closed: AtomicBool::new(false) }),
+        })
     }
 
     /// Queues a record. Waits only while the buffer is full (back-pressure);

@@ -159,11 +159,13 @@ async fn send_loop(ctx: Arc<SenderCtx>, addr: String, mut rx: mpsc::UnboundedRec
                 continue;
             }
         };
-        let payload: Vec<Bytes> = entries.iter().flat_map(|e| e.batches.iter().map(|b| b.data.clone())).collect();
+        let payload: Vec<Bytes> =
+            entries.iter().flat_map(|e| e.batches.iter().map(|b| b.data.clone())).collect();
         let client_id = ctx.cluster.config.client_id.clone();
         // Waits for an in-flight slot: this is where pipelining is bounded.
-        let submitted =
-            conn.submit(|corr| encode(&ctx, &client_id, corr, &entries), payload, ctx.expects_response()).await;
+        let submitted = conn
+            .submit(|corr| encode(&ctx, &client_id, corr, &entries), payload, ctx.expects_response())
+            .await;
         match submitted {
             Ok(_) if !ctx.expects_response() => {
                 for b in flatten(entries) {
@@ -204,8 +206,10 @@ async fn complete(ctx: Arc<SenderCtx>, response: ResponseFuture, entries: Vec<En
     let mut retry = Vec::new();
     let mut retry_err = None;
     for entry in entries {
-        let Some(r) = results.iter().find(|r| *r.topic == *entry.topic && r.partition == entry.partition) else {
-            let e = ClientError::Protocol(format!("no produce result for {}/{}", entry.topic, entry.partition));
+        let Some(r) = results.iter().find(|r| *r.topic == *entry.topic && r.partition == entry.partition)
+        else {
+            let e =
+                ClientError::Protocol(format!("no produce result for {}/{}", entry.topic, entry.partition));
             for b in entry.batches {
                 b.finish(&ctx, Err(e.clone()));
             }
