@@ -1,0 +1,307 @@
+//! Sparse segment indexes: pure data and search, no I/O.
+//!
+//! ```text
+//! <base>.index      entries, then a trailer
+//!   entry   8 B    rel_offset u32 | position u32           (batch start, LE)
+//!   trailer 48 B   magic u32 "SLIX" | version u32 | log_bytes u64 | next_offset u64
+//!                  | max_timestamp i64 | index_entries u32 | time_entries u32
+//!                  | reserved u32 | crc32c u32 (of the 44 bytes before it)
+//! <base>.timeindex entries only
+//!   entry   16 B   max_ts_before i64 | rel_offset u32 | position u32
+//! ```
+//!
+//! An offset entry is added at a batch start once `index_interval_bytes` have
+//! passed since the previous entry (position 0 is implicit), so a lookup
+//! scans at most one interval plus one batch. A time entry is added at the
+//! same points and records the largest timestamp of every batch *before* it;
+//! that running maximum never decreases, so the last entry below a target
+//! timestamp is a safe place to start scanning for it.
+//!
+//! The trailer is the sealed segment's summary: recovery trusts a segment
+//! whose trailer is intact and whose `log_bytes` equals the `.log` size, and
+//! rescans it otherwise. The index is written once, when a segment is sealed
+//! (roll or clean close); the active segment's index lives in memory.
+
+/// Bytes of one offset-index entry.
+pub const INDEX_ENTRY_BYTES: usize = 8;
+/// Bytes of one time-index entry.
+pub const TIME_ENTRY_BYTES: usize = 16;
+/// Bytes of the `.index` trailer.
+pub const TRAILER_BYTES: usize = 48;
+/// Entries read per index page on a lookup in a sealed segment.
+pub const INDEX_PAGE_ENTRIES: usize = 512;
+
+const TRAILER_MAGIC: u32 = u32::from_le_bytes(*b"SLIX");
+const TRAILER_VERSION: u32 = 1;
+
+/// Offset-index entry: a batch starting at `pos` with base `base + rel_offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub rel_offset: u32,
+    pub pos: u32,
+}
+
+/// Time-index entry: every batch before `pos` has a max timestamp at most
+/// `max_ts_before`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeEntry {
+    pub max_ts_before: i64,
+    pub rel_offset: u32,
+    pub pos: u32,
+}
+
+/// What a sealed segment's trailer records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentSummary {
+    pub log_bytes: u64,
+    pub next_offset: u64,
+    /// `i64::MIN` for an empty segment.
+    pub max_timestamp: i64,
+    pub index_entries: u32,
+    pub time_entries: u32,
+}
+
+impl IndexEntry {
+    #[must_use]
+    pub fn decode(b: &[u8]) -> IndexEntry {
+        IndexEntry { rel_offset: u32_at(b, 0), pos: u32_at(b, 4) }
+    }
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.rel_offset.to_le_bytes());
+        out.extend_from_slice(&self.pos.to_le_bytes());
+    }
+}
+
+impl TimeEntry {
+    #[must_use]
+    pub fn decode(b: &[u8]) -> TimeEntry {
+        TimeEntry {
+            max_ts_before: i64::from_le_bytes(b[0..8].try_into().expect("8 bytes")),
+            rel_offset: u32_at(b, 8),
+            pos: u32_at(b, 12),
+        }
+    }
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.max_ts_before.to_le_bytes());
+        out.extend_from_slice(&self.rel_offset.to_le_bytes());
+        out.extend_from_slice(&self.pos.to_le_bytes());
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Encodes a whole `.index` file: entries then trailer.
+#[must_use]
+pub fn encode_index(entries: &[IndexEntry], summary: &SegmentSummary) -> Vec<u8> {
+    let mut out = Vec::with_capacity(entries.len() * INDEX_ENTRY_BYTES + TRAILER_BYTES);
+    for e in entries {
+        e.encode(&mut out);
+    }
+    let start = out.len();
+    out.extend_from_slice(&TRAILER_MAGIC.to_le_bytes());
+    out.extend_from_slice(&TRAILER_VERSION.to_le_bytes());
+    out.extend_from_slice(&summary.log_bytes.to_le_bytes());
+    out.extend_from_slice(&summary.next_offset.to_le_bytes());
+    out.extend_from_slice(&summary.max_timestamp.to_le_bytes());
+    out.extend_from_slice(&summary.index_entries.to_le_bytes());
+    out.extend_from_slice(&summary.time_entries.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    let crc = crc32c::crc32c(&out[start..]);
+    out.extend_from_slice(&crc.to_le_bytes());
+    debug_assert_eq!(out.len() - start, TRAILER_BYTES);
+    out
+}
+
+/// Encodes a whole `.timeindex` file.
+#[must_use]
+pub fn encode_time_index(entries: &[TimeEntry]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(entries.len() * TIME_ENTRY_BYTES);
+    for e in entries {
+        e.encode(&mut out);
+    }
+    out
+}
+
+/// Decodes a trailer (the last [`TRAILER_BYTES`] of an `.index` file) and
+/// checks it against the file's size. `None` when anything is off.
+#[must_use]
+pub fn decode_trailer(trailer: &[u8], index_file_bytes: u64) -> Option<SegmentSummary> {
+    if trailer.len() != TRAILER_BYTES {
+        return None;
+    }
+    let crc = u32_at(trailer, 44);
+    if crc32c::crc32c(&trailer[..44]) != crc
+        || u32_at(trailer, 0) != TRAILER_MAGIC
+        || u32_at(trailer, 4) != TRAILER_VERSION
+    {
+        return None;
+    }
+    let summary = SegmentSummary {
+        log_bytes: u64_at(trailer, 8),
+        next_offset: u64_at(trailer, 16),
+        max_timestamp: u64_at(trailer, 24) as i64,
+        index_entries: u32_at(trailer, 32),
+        time_entries: u32_at(trailer, 36),
+    };
+    let expect = u64::from(summary.index_entries) * INDEX_ENTRY_BYTES as u64 + TRAILER_BYTES as u64;
+    (expect == index_file_bytes).then_some(summary)
+}
+
+/// Index of the last element whose key is `<= target`, if any. `keys`
+/// must be sorted (non-decreasing).
+pub fn floor_by<T>(items: &[T], target: u64, key: impl Fn(&T) -> u64) -> Option<usize> {
+    let n = items.partition_point(|e| key(e) <= target);
+    n.checked_sub(1)
+}
+
+/// Builds the indexes of the active segment as batches are written.
+#[derive(Debug, Clone)]
+pub struct IndexBuilder {
+    interval_bytes: u64,
+    pub entries: Vec<IndexEntry>,
+    pub times: Vec<TimeEntry>,
+    last_entry_pos: u64,
+    /// Largest batch max timestamp so far (`i64::MIN` when empty).
+    pub max_timestamp: i64,
+    /// First batch's first timestamp, for age-based rolling.
+    pub first_timestamp: Option<i64>,
+}
+
+impl IndexBuilder {
+    #[must_use]
+    pub fn new(interval_bytes: u32) -> Self {
+        IndexBuilder {
+            interval_bytes: u64::from(interval_bytes.max(1)),
+            entries: Vec::new(),
+            times: Vec::new(),
+            last_entry_pos: 0,
+            max_timestamp: i64::MIN,
+            first_timestamp: None,
+        }
+    }
+
+    /// Rebuilds a builder from a sealed segment's index files.
+    #[must_use]
+    pub fn from_parts(
+        interval_bytes: u32,
+        entries: Vec<IndexEntry>,
+        times: Vec<TimeEntry>,
+        max_ts: i64,
+    ) -> Self {
+        let last_entry_pos = entries.last().map_or(0, |e| u64::from(e.pos));
+        IndexBuilder {
+            interval_bytes: u64::from(interval_bytes.max(1)),
+            entries,
+            times,
+            last_entry_pos,
+            max_timestamp: max_ts,
+            first_timestamp: None,
+        }
+    }
+
+    /// Records a batch written at `pos` (batches arrive in position order).
+    pub fn on_batch(&mut self, rel_offset: u32, pos: u64, first_ts: i64, max_ts: i64) {
+        if pos > 0 && pos - self.last_entry_pos >= self.interval_bytes {
+            let pos32 = u32::try_from(pos).expect("segment positions fit u32");
+            if let Some(last) = self.entries.last() {
+                assert!(last.rel_offset < rel_offset && u64::from(last.pos) < pos, "index goes forward");
+            }
+            self.entries.push(IndexEntry { rel_offset, pos: pos32 });
+            self.times.push(TimeEntry { max_ts_before: self.max_timestamp, rel_offset, pos: pos32 });
+            self.last_entry_pos = pos;
+        }
+        self.first_timestamp.get_or_insert(first_ts);
+        self.max_timestamp = self.max_timestamp.max(max_ts);
+    }
+
+    /// The entry to start scanning from for `rel_offset`.
+    #[must_use]
+    pub fn lookup_offset(&self, rel_offset: u32) -> IndexEntry {
+        floor_by(&self.entries, u64::from(rel_offset), |e| u64::from(e.rel_offset))
+            .map_or(IndexEntry { rel_offset: 0, pos: 0 }, |i| self.entries[i])
+    }
+
+    /// The last entry at or before position `pos`.
+    #[must_use]
+    pub fn lookup_pos(&self, pos: u64) -> IndexEntry {
+        floor_by(&self.entries, pos, |e| u64::from(e.pos))
+            .map_or(IndexEntry { rel_offset: 0, pos: 0 }, |i| self.entries[i])
+    }
+
+    #[must_use]
+    pub fn summary(&self, log_bytes: u64, next_offset: u64) -> SegmentSummary {
+        SegmentSummary {
+            log_bytes,
+            next_offset,
+            max_timestamp: self.max_timestamp,
+            index_entries: self.entries.len() as u32,
+            time_entries: self.times.len() as u32,
+        }
+    }
+}
+
+/// Where to start scanning for the first batch with max timestamp `>= ts`.
+#[must_use]
+pub fn time_lookup(times: &[TimeEntry], ts: i64) -> (u32, u32) {
+    // Entries are sorted by max_ts_before; want the last with max_ts_before < ts.
+    let n = times.partition_point(|e| e.max_ts_before < ts);
+    n.checked_sub(1).map_or((0, 0), |i| (times[i].rel_offset, times[i].pos))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn trailer_round_trip_and_damage() {
+        let entries = vec![IndexEntry { rel_offset: 3, pos: 4096 }, IndexEntry { rel_offset: 9, pos: 9000 }];
+        let s = SegmentSummary {
+            log_bytes: 12345,
+            next_offset: 77,
+            max_timestamp: 99,
+            index_entries: 2,
+            time_entries: 2,
+        };
+        let bytes = encode_index(&entries, &s);
+        let t = &bytes[bytes.len() - TRAILER_BYTES..];
+        assert_eq!(decode_trailer(t, bytes.len() as u64), Some(s));
+        assert_eq!(decode_trailer(t, bytes.len() as u64 + 8), None);
+        let mut bad = t.to_vec();
+        bad[10] ^= 1;
+        assert_eq!(decode_trailer(&bad, bytes.len() as u64), None);
+        assert_eq!(IndexEntry::decode(&bytes[8..16]), entries[1]);
+    }
+
+    proptest! {
+        #[test]
+        fn builder_lookup_finds_a_start_at_or_before(sizes in prop::collection::vec(61u64..20_000, 1..200),
+                                                      interval in 1u32..10_000, probe in any::<u64>()) {
+            let mut b = IndexBuilder::new(interval);
+            let mut pos = 0u64;
+            let mut starts = Vec::new();
+            for (i, s) in sizes.iter().enumerate() {
+                b.on_batch(i as u32 * 2, pos, 0, i as i64);
+                starts.push((i as u32 * 2, pos));
+                pos += s;
+            }
+            let target = (probe % (sizes.len() as u64 * 2)) as u32;
+            let e = b.lookup_offset(target);
+            prop_assert!(e.rel_offset <= target);
+            prop_assert!(starts.contains(&(e.rel_offset, u64::from(e.pos))));
+            // No later entry is also <= target.
+            let better = b.entries.iter().filter(|x| x.rel_offset <= target).count();
+            prop_assert!(better == 0 || b.entries[better - 1] == e);
+            // The scan distance is bounded by the interval plus one batch.
+            let containing = starts.iter().rev().find(|(o, _)| *o <= target).unwrap();
+            prop_assert!(containing.1 - u64::from(e.pos) < u64::from(interval) + 20_000);
+            let (_, tpos) = time_lookup(&b.times, (target / 2) as i64);
+            prop_assert!(u64::from(tpos) <= containing.1);
+        }
+    }
+}

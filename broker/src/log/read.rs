@@ -1,0 +1,244 @@
+//! The read side: fetch by offset, lookup by timestamp.
+
+use super::*;
+use segment::{scan_headers, search_index_file, ScannedBatch};
+
+/// Where a read goes, decided under one short borrow.
+struct Plan {
+    base: u64,
+    reader: Option<Rc<SegmentFile>>,
+    /// End of readable data in this segment (high watermark or segment size).
+    data_end: u64,
+    /// Offset after `data_end`.
+    end_next: u64,
+    active: bool,
+    /// `[start, start + len)` of the active segment, from memory.
+    tail: Option<(u64, Bytes)>,
+}
+
+fn plan_for(st: &State, config: &TopicConfig, offset: u64) -> Plan {
+    let (hw, hw_pos) = st.high_watermark(config);
+    if offset >= st.active.base {
+        let a = &st.active;
+        let tail = (hw_pos > a.tail_start)
+            .then(|| (a.tail_start, Bytes::copy_from_slice(&a.tail[..(hw_pos - a.tail_start) as usize])));
+        Plan {
+            base: a.base,
+            reader: Some(a.reader.clone()),
+            data_end: hw_pos,
+            end_next: hw,
+            active: true,
+            tail,
+        }
+    } else {
+        let i = st.closed.partition_point(|s| s.base <= offset).checked_sub(1).expect("offset >= start");
+        let s = &st.closed[i];
+        Plan {
+            base: s.base,
+            reader: s.reader.clone(),
+            data_end: s.size(),
+            end_next: s.summary.next_offset,
+            active: false,
+            tail: None,
+        }
+    }
+}
+
+/// The `.log` (or `.index`) read handle of a sealed segment, opened once.
+pub(super) async fn segment_reader(sh: &Shared, base: u64, index: bool) -> Result<Rc<SegmentFile>, LogError> {
+    {
+        let st = sh.st.borrow();
+        if let Ok(i) = st.closed.binary_search_by_key(&base, |s| s.base) {
+            let s = &st.closed[i];
+            if let Some(f) = if index { &s.index_reader } else { &s.reader } {
+                return Ok(f.clone());
+            }
+        }
+        if !index && st.active.base == base {
+            return Ok(st.active.reader.clone());
+        }
+    }
+    let path = segment::segment_path(&sh.dir, base, if index { INDEX_EXT } else { LOG_EXT });
+    let f = Rc::new(SegmentFile::open(&path).await?);
+    let mut st = sh.st.borrow_mut();
+    if let Ok(i) = st.closed.binary_search_by_key(&base, |s| s.base) {
+        let s = &mut st.closed[i];
+        let cell = if index { &mut s.index_reader } else { &mut s.reader };
+        return Ok(cell.get_or_insert(f).clone());
+    }
+    Ok(f)
+}
+
+/// Index lookup in the segment at `base`: by relative offset or by position.
+async fn lookup(sh: &Shared, base: u64, target: u64, by_pos: bool) -> Result<IndexEntry, LogError> {
+    let (entries, range) = {
+        let st = sh.st.borrow();
+        if st.active.base == base {
+            let ix = &st.active.index;
+            return Ok(if by_pos {
+                ix.lookup_pos(target)
+            } else {
+                ix.lookup_offset(u32::try_from(target).unwrap_or(u32::MAX))
+            });
+        }
+        match st.closed.binary_search_by_key(&base, |s| s.base) {
+            Ok(i) => {
+                let s = &st.closed[i].summary;
+                (s.index_entries, if by_pos { s.log_bytes } else { s.next_offset - base })
+            }
+            // Deleted by retention meanwhile: scan from the start of the file.
+            Err(_) => return Ok(IndexEntry { rel_offset: 0, pos: 0 }),
+        }
+    };
+    let f = segment_reader(sh, base, true).await?;
+    if by_pos {
+        search_index_file(&f, entries, target, range, |e| u64::from(e.pos)).await
+    } else {
+        search_index_file(&f, entries, target, range, |e| u64::from(e.rel_offset)).await
+    }
+}
+
+pub(super) async fn read(sh: &Rc<Shared>, from: Offset, max_bytes: usize) -> Result<LogRead, LogError> {
+    let plan = {
+        let st = sh.st.borrow();
+        let (start, end) = (st.start_offset(), st.active.next_offset);
+        if from.0 < start || from.0 > end {
+            return Err(LogError::OffsetOutOfRange {
+                requested: from,
+                start: Offset(start),
+                end: Offset(end),
+            });
+        }
+        if from.0 >= st.high_watermark(&sh.config).0 {
+            return Ok(LogRead::empty(from));
+        }
+        plan_for(&st, &sh.config, from.0)
+    };
+    let reader = match plan.reader.clone() {
+        Some(r) => r,
+        None => segment_reader(sh, plan.base, false).await?,
+    };
+    let entry = lookup(sh, plan.base, from.0 - plan.base, false).await?;
+    let mut first: Option<ScannedBatch> = None;
+    scan_headers(&reader, u64::from(entry.pos), plan.data_end, |b| {
+        if b.header.last_offset() >= from.0 {
+            first = Some(b);
+            false
+        } else {
+            true
+        }
+    })
+    .await?;
+    let Some(first) = first else {
+        return Ok(LogRead::empty(from));
+    };
+    let start_pos = first.pos;
+    let first_end = start_pos + first.header.total_bytes() as u64;
+    let limit = (start_pos + max_bytes as u64).max(first_end).min(plan.data_end);
+    let (mut end_pos, mut last_offset) = (first_end, first.header.last_offset());
+    if limit >= plan.data_end {
+        end_pos = plan.data_end;
+        last_offset = plan.end_next - 1;
+    } else if limit > first_end {
+        let e = lookup(sh, plan.base, limit, true).await?;
+        if u64::from(e.pos) > first_end {
+            end_pos = u64::from(e.pos);
+            last_offset = plan.base + u64::from(e.rel_offset) - 1;
+        }
+        scan_headers(&reader, end_pos, plan.data_end, |b| {
+            let end = b.pos + b.header.total_bytes() as u64;
+            if end > limit {
+                return false;
+            }
+            end_pos = end;
+            last_offset = b.header.last_offset();
+            true
+        })
+        .await?;
+    }
+    let mut chunks = Vec::with_capacity(2);
+    let mem_from = match &plan.tail {
+        Some((tail_start, _)) if plan.active && end_pos > *tail_start => (*tail_start).max(start_pos),
+        _ => end_pos,
+    };
+    if mem_from > start_pos {
+        chunks.push(ReadChunk::File {
+            file: reader,
+            position: start_pos,
+            len: (mem_from - start_pos) as usize,
+        });
+    }
+    if let Some((tail_start, bytes)) = plan.tail.filter(|_| mem_from < end_pos) {
+        let a = (mem_from - tail_start) as usize;
+        let b = (end_pos - tail_start) as usize;
+        chunks.push(ReadChunk::Memory(bytes.slice(a..b)));
+    }
+    Ok(LogRead {
+        first_offset: Offset(first.header.base_offset),
+        last_offset: Offset(last_offset),
+        bytes: (end_pos - start_pos) as usize,
+        chunks,
+    })
+}
+
+pub(super) async fn offset_for_timestamp(
+    sh: &Rc<Shared>,
+    ts: i64,
+) -> Result<Option<(Offset, i64)>, LogError> {
+    // Pick the first segment whose largest timestamp reaches `ts`.
+    let (plan, start) = {
+        let st = sh.st.borrow();
+        let seg = st.closed.iter().find(|s| s.summary.max_timestamp >= ts);
+        match seg {
+            Some(s) => (plan_for(&st, &sh.config, s.base), None),
+            None if st.active.index.max_timestamp >= ts => {
+                let p = plan_for(&st, &sh.config, st.active.base);
+                let start = index::time_lookup(&st.active.index.times, ts);
+                (p, Some(start))
+            }
+            None => return Ok(None),
+        }
+    };
+    let start_pos = match start {
+        Some((_, pos)) => u64::from(pos),
+        None => {
+            let entries = {
+                let st = sh.st.borrow();
+                st.closed
+                    .binary_search_by_key(&plan.base, |s| s.base)
+                    .ok()
+                    .map(|i| st.closed[i].summary.time_entries)
+            };
+            let Some(entries) = entries else { return Ok(None) };
+            let path = segment::segment_path(&sh.dir, plan.base, TIME_INDEX_EXT);
+            let times = segment::read_time_index(&path, entries).await?;
+            u64::from(index::time_lookup(&times, ts).1)
+        }
+    };
+    let reader = match plan.reader.clone() {
+        Some(r) => r,
+        None => segment_reader(sh, plan.base, false).await?,
+    };
+    let mut found: Option<ScannedBatch> = None;
+    scan_headers(&reader, start_pos, plan.data_end, |b| {
+        if b.header.max_timestamp >= ts {
+            found = Some(b);
+            false
+        } else {
+            true
+        }
+    })
+    .await?;
+    let Some(b) = found else { return Ok(None) };
+    let bytes = reader.read_bytes(b.pos, b.header.total_bytes()).await?;
+    if b.header.attributes & batch::ATTR_TIMESTAMP_LOG_APPEND != 0 {
+        return Ok(Some((Offset(b.header.base_offset), b.header.max_timestamp)));
+    }
+    let hit = batch::records(&bytes)
+        .ok()
+        .and_then(|recs| recs.iter().find(|r| r.timestamp_ms >= ts).map(|r| (r.offset, r.timestamp_ms)));
+    Ok(Some(match hit {
+        Some((o, t)) => (Offset(o), t),
+        None => (Offset(b.header.base_offset), b.header.max_timestamp),
+    }))
+}

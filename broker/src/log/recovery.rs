@@ -1,0 +1,355 @@
+//! Opening a log: recovery of segments after a clean or unclean shutdown;
+//! and `truncate_to`, which reuses the same scan.
+
+use super::*;
+use segment::{recover_scan, SegmentFile};
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+
+/// Whether `dir` is on tmpfs (no O_DIRECT; glommio silently falls back).
+fn is_tmpfs(dir: &Path) -> Result<bool, LogError> {
+    let c = CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| LogError::io("statfs", dir, std::io::Error::new(std::io::ErrorKind::InvalidInput, e)))?;
+    let mut buf = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call and `buf`
+    // points to writable memory of the struct's size; statfs only writes it.
+    let rc = unsafe { libc::statfs(c.as_ptr(), buf.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(LogError::io("statfs", dir, std::io::Error::last_os_error()));
+    }
+    // SAFETY: statfs returned 0, so it filled the whole struct.
+    let buf = unsafe { buf.assume_init() };
+    Ok(buf.f_type as i64 == libc::TMPFS_MAGIC as i64)
+}
+
+/// Reads or creates `partition.metadata`.
+async fn check_metadata(dir: &Path) -> Result<(), LogError> {
+    let path = dir.join(METADATA_FILE);
+    // One-off small read at open.
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let v: serde_json::Value = serde_json::from_slice(&bytes)
+                .map_err(|e| LogError::Corrupt { path: path.clone(), what: format!("not JSON: {e}") })?;
+            match v.get("version").and_then(serde_json::Value::as_u64) {
+                Some(METADATA_VERSION) => Ok(()),
+                other => Err(LogError::Corrupt {
+                    path,
+                    what: format!("unsupported partition metadata version {other:?}"),
+                }),
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let json = serde_json::json!({ "version": METADATA_VERSION }).to_string().into_bytes();
+            segment::write_file_durably(&path, json).await?;
+            sync_dir(dir).await
+        }
+        Err(e) => Err(LogError::io("reading", &path, e)),
+    }
+}
+
+/// Segment base offsets in `dir`, sorted, with each `.log` size. Removes
+/// index files whose `.log` is gone.
+fn list_segments(dir: &Path) -> Result<Vec<(u64, u64)>, LogError> {
+    // One-off directory listing and stats at open: glommio has no async readdir.
+    let mut logs = Vec::new();
+    let mut others = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| LogError::io("listing", dir, e))? {
+        let entry = entry.map_err(|e| LogError::io("listing", dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(base) = segment::parse_log_name(&name) {
+            let len = entry.metadata().map_err(|e| LogError::io("stat", &entry.path(), e))?.len();
+            logs.push((base, len));
+        } else if let Some(stem) = name.strip_suffix(".index").or_else(|| name.strip_suffix(".timeindex")) {
+            others.push((stem.to_string(), entry.path()));
+        }
+    }
+    logs.sort_unstable();
+    for (stem, path) in others {
+        let has_log = stem.parse::<u64>().is_ok_and(|b| logs.binary_search_by_key(&b, |l| l.0).is_ok());
+        if !has_log {
+            tracing::info!(path = %path.display(), "removing an index without its segment");
+            std::fs::remove_file(&path).map_err(|e| LogError::io("removing", &path, e))?;
+        }
+    }
+    Ok(logs)
+}
+
+fn read_marker(dir: &Path) -> Option<CleanMarker> {
+    let path = dir.join(CLEAN_SHUTDOWN_FILE);
+    let bytes = std::fs::read(&path).ok()?;
+    match serde_json::from_slice(&bytes) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "ignoring an unreadable clean-shutdown marker");
+            None
+        }
+    }
+}
+
+fn warn_scan(path: &Path, size: u64, scan: &Scan) {
+    let (pos, next) = (scan.valid_bytes, scan.next_offset);
+    match &scan.stop {
+        ScanStop::Clean | ScanStop::Limit => {}
+        ScanStop::ZeroTail => tracing::info!(
+            path = %path.display(), position = pos, next_offset = next, file_bytes = size,
+            "segment data ends before preallocated zeros; truncating them"
+        ),
+        ScanStop::Bad(e) => tracing::warn!(
+            path = %path.display(), position = pos, next_offset = next, dropped_bytes = size - pos,
+            error = %e, "torn or corrupt batch; truncating the segment here"
+        ),
+        ScanStop::OffsetGap { expected, found } => tracing::warn!(
+            path = %path.display(), position = pos, expected_offset = expected, found_offset = found,
+            dropped_bytes = size - pos, "batch offsets do not follow on; truncating the segment here"
+        ),
+    }
+}
+
+async fn scan_segment(dir: &Path, base: u64, size: u64, config: &TopicConfig) -> Result<Scan, LogError> {
+    let path = segment::segment_path(dir, base, LOG_EXT);
+    let reader = SegmentFile::open(&path).await?;
+    let scan = recover_scan(&reader, base, size, config.index_interval_bytes, None).await?;
+    warn_scan(&path, size, &scan);
+    Ok(scan)
+}
+
+pub(super) async fn open(dir: PathBuf, config: TopicConfig) -> Result<Log, LogError> {
+    // One-off blocking metadata calls at open (mkdir -p, statfs, readdir):
+    // glommio has no async versions and they run once per partition.
+    std::fs::create_dir_all(&dir).map_err(|e| LogError::io("creating directory", &dir, e))?;
+    let direct_io = !is_tmpfs(&dir)?;
+    if !direct_io {
+        tracing::warn!(
+            dir = %dir.display(),
+            "data directory is on tmpfs, which has no O_DIRECT: this log falls back to buffered I/O \
+             (page cache); fdatasync is a no-op there and nothing survives a reboot"
+        );
+    }
+    check_metadata(&dir).await?;
+    let marker = read_marker(&dir);
+    let mut segments = list_segments(&dir)?;
+    let mut closed = VecDeque::new();
+    let mut closed_bytes = 0;
+    let mut i = 0;
+    while i + 1 < segments.len() {
+        let (base, size) = segments[i];
+        let next_base = segments[i + 1].0;
+        let summary = match segment::read_summary(&dir, base, size).await {
+            Some(s) if s.next_offset <= next_base => s,
+            _ => {
+                let scan = scan_segment(&dir, base, size, &config).await?;
+                if scan.valid_bytes != size || scan.next_offset > next_base {
+                    tracing::warn!(
+                        dir = %dir.display(), segment = base, next_offset = scan.next_offset,
+                        dropped_segments = segments.len() - i - 1,
+                        "damaged sealed segment: the log ends here; later segments are removed"
+                    );
+                    for &(b, _) in segments[i + 1..].iter().rev() {
+                        remove_segment_files(&dir, b).await?;
+                    }
+                    segments.truncate(i + 1);
+                    break;
+                }
+                let s = scan.index.summary(size, scan.next_offset);
+                let ix = index::encode_index(&scan.index.entries, &s);
+                let tx = index::encode_time_index(&scan.index.times);
+                segment::write_file_durably(&segment::segment_path(&dir, base, TIME_INDEX_EXT), tx).await?;
+                segment::write_file_durably(&segment::segment_path(&dir, base, INDEX_EXT), ix).await?;
+                tracing::info!(dir = %dir.display(), segment = base, "rebuilt segment indexes");
+                s
+            }
+        };
+        closed.push_back(ClosedSegment::new(base, summary, None));
+        closed_bytes += size;
+        i += 1;
+    }
+    let (base, size) = segments.last().copied().unwrap_or((0, 0));
+    let (file, reader, scan, tail) = open_last(&dir, base, size, &config, marker.as_ref()).await?;
+    let block = BLOCK_BYTES_MIN.max(file.alignment());
+    assert!(block.is_power_of_two(), "block size is a power of two");
+    let path = segment::segment_path(&dir, base, LOG_EXT);
+    let tail_start = align_down(scan.valid_bytes, block);
+    let tail = if tail.len() as u64 == scan.valid_bytes - tail_start {
+        tail
+    } else {
+        reader.read_bytes(tail_start, (scan.valid_bytes - tail_start) as usize).await?
+    };
+    let active = Active::new(block, base, path, file, reader, scan, tail);
+    let interval = match config.flush {
+        FlushPolicy::Interval { ms, .. } => Some(Duration::from_millis(ms.max(1))),
+        _ => None,
+    };
+    let sh = Rc::new(Shared {
+        dir,
+        config,
+        direct_io,
+        block,
+        st: RefCell::new(State {
+            closed,
+            closed_bytes,
+            active,
+            failed: None,
+            shut: false,
+            rolling: false,
+            roll_gen: 0,
+            roll_error: None,
+            write_busy: false,
+            sync_busy: false,
+            unwritten: VecDeque::new(),
+            unsynced: VecDeque::new(),
+            last_sync_ms: now_ms(),
+            bytes_since_sync: 0,
+            stats: LogStats::default(),
+        }),
+        changed: Notify::default(),
+    });
+    if marker.is_some() {
+        remove_if_exists(&sh.dir.join(CLEAN_SHUTDOWN_FILE)).await?;
+    }
+    sync_dir(&sh.dir).await?;
+    if let Some(every) = interval {
+        glommio::spawn_local(flush_timer(Rc::downgrade(&sh), every)).detach();
+    }
+    Ok(Log { sh })
+}
+
+/// Opens the last segment for appending: trusts its sealed index after a
+/// clean shutdown, otherwise validates it batch by batch and truncates at
+/// the first bad batch.
+async fn open_last(
+    dir: &Path,
+    base: u64,
+    size: u64,
+    config: &TopicConfig,
+    marker: Option<&CleanMarker>,
+) -> Result<(DmaFile, Rc<SegmentFile>, Scan, Vec<u8>), LogError> {
+    let path = segment::segment_path(dir, base, LOG_EXT);
+    let file = open_dma(&path, false).await?;
+    let reader = Rc::new(SegmentFile::open(&path).await?);
+    let clean = marker.is_some_and(|m| m.active_base == base && m.active_bytes == size);
+    let trusted = if clean { segment::read_summary(dir, base, size).await } else { None };
+    let scan = match trusted.filter(|s| marker.is_some_and(|m| m.next_offset == s.next_offset)) {
+        Some(s) => {
+            let entries =
+                segment::read_index(&segment::segment_path(dir, base, INDEX_EXT), s.index_entries).await?;
+            let times =
+                segment::read_time_index(&segment::segment_path(dir, base, TIME_INDEX_EXT), s.time_entries)
+                    .await?;
+            Scan {
+                valid_bytes: size,
+                next_offset: s.next_offset,
+                index: IndexBuilder::from_parts(config.index_interval_bytes, entries, times, s.max_timestamp),
+                stop: ScanStop::Clean,
+                batches: 0,
+            }
+        }
+        None => {
+            let scan = recover_scan(&reader, base, size, config.index_interval_bytes, None).await?;
+            warn_scan(&path, size, &scan);
+            scan
+        }
+    };
+    if scan.valid_bytes != size {
+        file.truncate(scan.valid_bytes)
+            .await
+            .map_err(|e| LogError::glommio("truncating segment", &path, e))?;
+    }
+    // After a crash of the process (not the machine) recovered bytes may sit
+    // only in the page cache; make them durable before calling them so.
+    file.fdatasync().await.map_err(|e| LogError::glommio("fdatasync", &path, e))?;
+    // The active segment's index lives in memory; stale files must not be
+    // trusted later (their trailer no longer matches the growing .log anyway).
+    for ext in [INDEX_EXT, TIME_INDEX_EXT] {
+        remove_if_exists(&segment::segment_path(dir, base, ext)).await?;
+    }
+    Ok((file, reader, scan, Vec::new()))
+}
+
+pub(super) async fn truncate_to(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
+    loop {
+        wait_not_rolling(sh).await;
+        let mut st = sh.st.borrow_mut();
+        if !st.rolling {
+            st.rolling = true;
+            break;
+        }
+    }
+    let result = truncate_inner(sh, offset).await;
+    {
+        let mut st = sh.st.borrow_mut();
+        st.rolling = false;
+        st.roll_gen += 1;
+        st.roll_error = None;
+    }
+    sh.changed.notify_all();
+    result
+}
+
+async fn truncate_inner(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
+    flush_inner(sh).await?;
+    let (start, end, active_base) = {
+        let st = sh.st.borrow();
+        (st.start_offset(), st.active.next_offset, st.active.base)
+    };
+    if offset < start || offset > end {
+        return Err(LogError::OffsetOutOfRange {
+            requested: Offset(offset),
+            start: Offset(start),
+            end: Offset(end),
+        });
+    }
+    if offset == end {
+        return Ok(());
+    }
+    let interval = sh.config.index_interval_bytes;
+    let seg_base = if offset >= active_base {
+        active_base
+    } else {
+        let st = sh.st.borrow();
+        st.closed[st.closed.partition_point(|s| s.base <= offset) - 1].base
+    };
+    let (reader, size) = {
+        let st = sh.st.borrow();
+        match st.closed.binary_search_by_key(&seg_base, |s| s.base) {
+            Ok(i) => (st.closed[i].reader.clone(), st.closed[i].size()),
+            Err(_) => (Some(st.active.reader.clone()), st.active.written_pos),
+        }
+    };
+    let reader = match reader {
+        Some(r) => r,
+        None => read::segment_reader(sh, seg_base, false).await?,
+    };
+    let scan = recover_scan(&reader, seg_base, size, interval, Some(offset)).await?;
+    if scan.next_offset != offset {
+        return Err(LogError::NotBatchBoundary { dir: sh.dir.clone(), offset: Offset(offset) });
+    }
+    // Remove later segments, newest first, so a crash midway leaves a prefix.
+    let later: Vec<u64> = {
+        let st = sh.st.borrow();
+        st.closed.iter().map(|s| s.base).chain([st.active.base]).filter(|&b| b > seg_base).collect()
+    };
+    for &b in later.iter().rev() {
+        remove_segment_files(&sh.dir, b).await?;
+    }
+    let path = segment::segment_path(&sh.dir, seg_base, LOG_EXT);
+    let file = open_dma(&path, false).await?;
+    file.truncate(scan.valid_bytes).await.map_err(|e| LogError::glommio("truncating segment", &path, e))?;
+    file.fdatasync().await.map_err(|e| LogError::glommio("fdatasync", &path, e))?;
+    for ext in [INDEX_EXT, TIME_INDEX_EXT] {
+        remove_if_exists(&segment::segment_path(&sh.dir, seg_base, ext)).await?;
+    }
+    let tail_start = align_down(scan.valid_bytes, sh.block);
+    let tail = reader.read_bytes(tail_start, (scan.valid_bytes - tail_start) as usize).await?;
+    let new = Active::new(sh.block, seg_base, path, file, reader, scan, tail);
+    let old = {
+        let mut st = sh.st.borrow_mut();
+        while st.closed.back().is_some_and(|s| s.base >= seg_base) {
+            let s = st.closed.pop_back().expect("back exists");
+            st.closed_bytes -= s.size();
+        }
+        std::mem::replace(&mut st.active, new)
+    };
+    close_dma(old.file, &old.path).await?;
+    tracing::info!(dir = %sh.dir.display(), offset, "log truncated");
+    sync_dir(&sh.dir).await
+}

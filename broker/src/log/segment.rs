@@ -1,0 +1,361 @@
+//! Segment files: names, the shared read handle, sealed-segment metadata,
+//! and the batch scans used by reads and recovery.
+
+use super::error::LogError;
+use super::index::{self, IndexBuilder, IndexEntry, SegmentSummary, TimeEntry, INDEX_ENTRY_BYTES};
+use glommio::io::{BufferedFile, OpenOptions};
+use shardlog_schema::batch::{self, BatchError, BatchHeader, BATCH_HEADER_BYTES};
+use std::os::unix::io::{AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+pub const LOG_EXT: &str = "log";
+pub const INDEX_EXT: &str = "index";
+pub const TIME_INDEX_EXT: &str = "timeindex";
+
+/// `<dir>/<20-digit base>.<ext>`.
+#[must_use]
+pub fn segment_path(dir: &Path, base: u64, ext: &str) -> PathBuf {
+    dir.join(format!("{base:020}.{ext}"))
+}
+
+/// The base offset of a `.log` file name, if it is one.
+#[must_use]
+pub fn parse_log_name(name: &str) -> Option<u64> {
+    let stem = name.strip_suffix(".log")?;
+    (stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit())).then(|| stem.parse().ok())?
+}
+
+/// A buffered (page-cache) read handle on a segment's `.log`, shared by the
+/// log and by every in-flight read that returned a range of it. Its fd can
+/// be spliced from at any offset and length.
+#[derive(Debug)]
+pub struct SegmentFile {
+    file: BufferedFile,
+    path: PathBuf,
+}
+
+impl SegmentFile {
+    pub(crate) async fn open(path: &Path) -> Result<SegmentFile, LogError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .buffered_open(path)
+            .await
+            .map_err(|e| LogError::glommio("opening segment for reading", path, e))?;
+        Ok(SegmentFile { file, path: path.to_path_buf() })
+    }
+
+    /// The fd (buffered, not O_DIRECT) for splice(2) or pread(2).
+    #[must_use]
+    pub fn raw_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads exactly `len` bytes at `pos` (fewer only at end of file).
+    pub async fn read_bytes(&self, pos: u64, len: usize) -> Result<Vec<u8>, LogError> {
+        let mut out = Vec::with_capacity(len);
+        while out.len() < len {
+            let at = pos + out.len() as u64;
+            let got = self
+                .file
+                .read_at(at, len - out.len())
+                .await
+                .map_err(|e| LogError::glommio("reading segment", &self.path, e))?;
+            if got.is_empty() {
+                break;
+            }
+            out.extend_from_slice(&got);
+        }
+        Ok(out)
+    }
+}
+
+/// A sealed segment: a few words of metadata. Its index stays on disk and is
+/// searched a page at a time; its read handles open on first use.
+#[derive(Debug)]
+pub(crate) struct ClosedSegment {
+    pub base: u64,
+    pub summary: SegmentSummary,
+    pub reader: Option<Rc<SegmentFile>>,
+    pub index_reader: Option<Rc<SegmentFile>>,
+}
+
+impl ClosedSegment {
+    pub(crate) fn new(base: u64, summary: SegmentSummary, reader: Option<Rc<SegmentFile>>) -> Self {
+        ClosedSegment { base, summary, reader, index_reader: None }
+    }
+
+    pub(crate) fn size(&self) -> u64 {
+        self.summary.log_bytes
+    }
+}
+
+/// Last entry with key `<= target` in a sealed segment's on-disk index,
+/// reading one page of entries per step: an interpolated first probe, then
+/// binary search over pages. `range` is the key range (for interpolation).
+pub(crate) async fn search_index_file(
+    file: &SegmentFile,
+    entries: u32,
+    target: u64,
+    range: u64,
+    key: impl Fn(&IndexEntry) -> u64,
+) -> Result<IndexEntry, LogError> {
+    let start = IndexEntry { rel_offset: 0, pos: 0 };
+    if entries == 0 {
+        return Ok(start);
+    }
+    let n = entries as usize;
+    let pages = n.div_ceil(index::INDEX_PAGE_ENTRIES);
+    let (mut lo, mut hi) = (0usize, pages);
+    let mut best = start;
+    let mut first = true;
+    while lo < hi {
+        let p = if first {
+            first = false;
+            let guess = (u128::from(target) * pages as u128 / u128::from(range.max(1))) as usize;
+            guess.clamp(lo, hi - 1)
+        } else {
+            lo + (hi - lo) / 2
+        };
+        let from = p * index::INDEX_PAGE_ENTRIES;
+        let count = index::INDEX_PAGE_ENTRIES.min(n - from);
+        let bytes = file.read_bytes((from * INDEX_ENTRY_BYTES) as u64, count * INDEX_ENTRY_BYTES).await?;
+        if bytes.len() != count * INDEX_ENTRY_BYTES {
+            return Err(LogError::Corrupt {
+                path: file.path().to_path_buf(),
+                what: "index shorter than its trailer says".into(),
+            });
+        }
+        let page: Vec<IndexEntry> = bytes.chunks_exact(INDEX_ENTRY_BYTES).map(IndexEntry::decode).collect();
+        match index::floor_by(&page, target, &key) {
+            None => hi = p,
+            Some(i) => {
+                best = page[i];
+                if i + 1 < page.len() || p + 1 == pages {
+                    return Ok(best);
+                }
+                lo = p + 1;
+            }
+        }
+    }
+    Ok(best)
+}
+
+/// One batch header seen by a scan.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ScannedBatch {
+    pub pos: u64,
+    pub header: BatchHeader,
+}
+
+/// Bytes read per step by header scans.
+const SCAN_WINDOW_BYTES: usize = 16 << 10;
+
+/// Walks batch headers from `pos` (a batch start) while `pos < end`, calling
+/// `visit` for each; stops when `visit` returns false. Reads only headers
+/// (one small window per step), never whole large batches.
+pub(crate) async fn scan_headers(
+    file: &SegmentFile,
+    mut pos: u64,
+    end: u64,
+    mut visit: impl FnMut(ScannedBatch) -> bool,
+) -> Result<(), LogError> {
+    while pos < end {
+        let want = SCAN_WINDOW_BYTES.min((end - pos) as usize).max(BATCH_HEADER_BYTES);
+        let buf = file.read_bytes(pos, want).await?;
+        let mut at = 0usize;
+        loop {
+            if pos >= end {
+                return Ok(());
+            }
+            if buf.len() - at < BATCH_HEADER_BYTES {
+                if at == 0 {
+                    return Err(corrupt_at(file.path(), pos, "a batch header runs past the end of the data"));
+                }
+                break;
+            }
+            let header = BatchHeader::parse(&buf[at..])
+                .map_err(|e| corrupt_at(file.path(), pos, &format!("bad batch header: {e}")))?;
+            if !visit(ScannedBatch { pos, header }) {
+                return Ok(());
+            }
+            pos += header.total_bytes() as u64;
+            at += header.total_bytes();
+            if at >= buf.len() {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn corrupt_at(path: &Path, pos: u64, what: &str) -> LogError {
+    LogError::Corrupt { path: path.to_path_buf(), what: format!("at position {pos}: {what}") }
+}
+
+/// Why a recovery scan stopped before the end of the file.
+#[derive(Debug)]
+pub(crate) enum ScanStop {
+    /// Reached the end of the file on a batch boundary.
+    Clean,
+    /// Zeros where the next batch would start: preallocated, never written.
+    ZeroTail,
+    /// A batch that is cut short or fails its checks.
+    Bad(BatchError),
+    /// A batch whose base offset does not follow the previous one.
+    OffsetGap { expected: u64, found: u64 },
+    /// `stop_at_offset` reached (used by `truncate_to`).
+    Limit,
+}
+
+/// Result of validating a segment batch by batch.
+#[derive(Debug)]
+pub(crate) struct Scan {
+    pub valid_bytes: u64,
+    pub next_offset: u64,
+    pub index: IndexBuilder,
+    pub stop: ScanStop,
+    pub batches: u64,
+}
+
+/// Reads per step during recovery.
+const RECOVERY_WINDOW_BYTES: usize = 1 << 20;
+/// Recovery accepts batches up to this size whatever the topic limit is now
+/// (the limit may have been lowered after they were written).
+pub(crate) const RECOVERY_BATCH_BYTES_MAX: usize = 1 << 30;
+
+/// Validates every batch (length, CRC, offset continuity) from the start of
+/// a segment and rebuilds its indexes. Stops at the first bad batch, at
+/// `file_len`, or at the batch whose base is `>= stop_at_offset`.
+pub(crate) async fn recover_scan(
+    file: &SegmentFile,
+    base: u64,
+    file_len: u64,
+    interval_bytes: u32,
+    stop_at_offset: Option<u64>,
+) -> Result<Scan, LogError> {
+    let mut scan = Scan {
+        valid_bytes: 0,
+        next_offset: base,
+        index: IndexBuilder::new(interval_bytes),
+        stop: ScanStop::Clean,
+        batches: 0,
+    };
+    let mut buf: Vec<u8> = Vec::new();
+    let mut buf_pos = 0u64; // file position of buf[0]
+    loop {
+        let pos = scan.valid_bytes;
+        if pos >= file_len {
+            scan.stop = ScanStop::Clean;
+            return Ok(scan);
+        }
+        let at = (pos - buf_pos) as usize;
+        let rest: &[u8] = if at <= buf.len() { &buf[at..] } else { &[] };
+        let need = batch::peek_total_bytes(rest).unwrap_or(BATCH_HEADER_BYTES).max(BATCH_HEADER_BYTES);
+        let file_rest = file_len - pos;
+        if need <= RECOVERY_BATCH_BYTES_MAX && rest.len() < need && (rest.len() as u64) < file_rest {
+            let len = (RECOVERY_WINDOW_BYTES.max(need) as u64).min(file_rest) as usize;
+            buf = file.read_bytes(pos, len).await?;
+            buf_pos = pos;
+            if buf.is_empty() {
+                scan.stop = ScanStop::Bad(BatchError::Truncated { need, have: 0 });
+                return Ok(scan);
+            }
+            glommio::yield_if_needed().await;
+            continue;
+        }
+        if !rest.is_empty() && rest.iter().take(12).all(|&b| b == 0) {
+            scan.stop = ScanStop::ZeroTail;
+            return Ok(scan);
+        }
+        let header = match batch::validate(rest, RECOVERY_BATCH_BYTES_MAX) {
+            Ok(h) => h,
+            Err(e) => {
+                scan.stop = ScanStop::Bad(e);
+                return Ok(scan);
+            }
+        };
+        if let Some(limit) = stop_at_offset {
+            if header.base_offset >= limit {
+                scan.stop = ScanStop::Limit;
+                return Ok(scan);
+            }
+        }
+        if header.base_offset != scan.next_offset {
+            scan.stop = ScanStop::OffsetGap { expected: scan.next_offset, found: header.base_offset };
+            return Ok(scan);
+        }
+        let rel = u32::try_from(header.base_offset - base).expect("relative offsets fit u32");
+        scan.index.on_batch(rel, pos, header.first_timestamp, header.max_timestamp);
+        scan.valid_bytes += header.total_bytes() as u64;
+        scan.next_offset = header.next_offset();
+        scan.batches += 1;
+    }
+}
+
+/// Reads a whole `.timeindex` file.
+pub(crate) async fn read_time_index(path: &Path, entries: u32) -> Result<Vec<TimeEntry>, LogError> {
+    let f = SegmentFile::open(path).await?;
+    let bytes = f.read_bytes(0, entries as usize * index::TIME_ENTRY_BYTES).await?;
+    close_quietly(f).await;
+    Ok(bytes.chunks_exact(index::TIME_ENTRY_BYTES).map(TimeEntry::decode).collect())
+}
+
+/// Reads a whole `.index` file's entries.
+pub(crate) async fn read_index(path: &Path, entries: u32) -> Result<Vec<IndexEntry>, LogError> {
+    let f = SegmentFile::open(path).await?;
+    let bytes = f.read_bytes(0, entries as usize * INDEX_ENTRY_BYTES).await?;
+    close_quietly(f).await;
+    Ok(bytes.chunks_exact(INDEX_ENTRY_BYTES).map(IndexEntry::decode).collect())
+}
+
+/// Reads and checks the trailer of `<base>.index` against `log_bytes`.
+pub(crate) async fn read_summary(dir: &Path, base: u64, log_bytes: u64) -> Option<SegmentSummary> {
+    let path = segment_path(dir, base, INDEX_EXT);
+    let f = SegmentFile::open(&path).await.ok()?;
+    let len = f.file.file_size().await.ok()?;
+    let trailer = if len >= index::TRAILER_BYTES as u64 {
+        f.read_bytes(len - index::TRAILER_BYTES as u64, index::TRAILER_BYTES).await.ok()
+    } else {
+        None
+    };
+    close_quietly(f).await;
+    let summary = index::decode_trailer(&trailer?, len)?;
+    let time_len = std::fs::metadata(segment_path(dir, base, TIME_INDEX_EXT)).ok()?.len();
+    let time_ok = time_len == u64::from(summary.time_entries) * index::TIME_ENTRY_BYTES as u64;
+    (summary.log_bytes == log_bytes && time_ok && summary.next_offset >= base).then_some(summary)
+}
+
+/// Closing a read-only handle cannot lose data; a failure is only logged.
+async fn close_quietly(f: SegmentFile) {
+    let path = f.path.clone();
+    if let Err(e) = f.file.close().await {
+        tracing::debug!(path = %path.display(), error = %e, "closing a read-only file failed");
+    }
+}
+
+/// Writes `bytes` as the whole content of `path` and fdatasyncs it.
+pub(crate) async fn write_file_durably(path: &Path, bytes: Vec<u8>) -> Result<(), LogError> {
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .buffered_open(path)
+        .await
+        .map_err(|e| LogError::glommio("creating", path, e))?;
+    let len = bytes.len();
+    if len > 0 {
+        let n = f.write_at(bytes, 0).await.map_err(|e| LogError::glommio("writing", path, e))?;
+        if n != len {
+            return Err(LogError::io("writing (short write)", path, std::io::ErrorKind::StorageFull.into()));
+        }
+    }
+    f.fdatasync().await.map_err(|e| LogError::glommio("fdatasync", path, e))?;
+    f.close().await.map_err(|e| LogError::glommio("closing", path, e))?;
+    Ok(())
+}
