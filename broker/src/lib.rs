@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod dispatch;
+pub mod io;
 pub mod log;
 pub mod metrics;
 pub mod net;
@@ -159,7 +160,7 @@ fn reserve_public_port(addr: SocketAddr) -> Result<(socket2::Socket, SocketAddr)
 
 enum Startup {
     Bound { shard: usize, port: u16 },
-    Serving { shard: usize },
+    Serving,
     Failed { shard: usize, message: String },
 }
 
@@ -244,7 +245,7 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
             Ok(Startup::Failed { shard, message }) => {
                 return fail(&stop, threads, BrokerError::Shard { shard, message })
             }
-            Ok(Startup::Serving { .. }) => {}
+            Ok(Startup::Serving) => {}
             Err(_) => {
                 return fail(&stop, threads, BrokerError::Thread("a shard exited during start-up".into()))
             }
@@ -257,7 +258,7 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
     let mut serving = 0;
     while serving < shards {
         match status_rx.recv() {
-            Ok(Startup::Serving { .. }) => serving += 1,
+            Ok(Startup::Serving) => serving += 1,
             Ok(Startup::Failed { shard, message }) => {
                 return fail(&stop, threads, BrokerError::Shard { shard, message })
             }
@@ -318,7 +319,7 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
         }
         _ => None,
     };
-    spec.status.send(Startup::Serving { shard: id }).map_err(|e| e.to_string())?;
+    spec.status.send(Startup::Serving).map_err(|e| e.to_string())?;
     while !spec.stop.load(Ordering::Acquire) {
         glommio::timer::sleep(SHUTDOWN_POLL).await;
     }

@@ -92,6 +92,8 @@ async fn serve_connection(ctx: &Rc<ShardContext>, stream: TcpStream) {
     };
     let in_flight_max = ctx.config.limits.in_flight_per_connection_max;
     let (tx, rx) = local_channel::new_bounded::<Outgoing>(in_flight_max);
+    // Handlers each hold a clone; the writer ends when the last one is gone.
+    let tx = Rc::new(tx);
     let writer = glommio::spawn_local(write_loop(ctx.clone(), writer_stream, rx));
     let mut reader = stream.buffered();
     let stop = read_loop(ctx, &mut reader, &tx).await;
@@ -108,7 +110,7 @@ async fn serve_connection(ctx: &Rc<ShardContext>, stream: TcpStream) {
 async fn read_loop(
     ctx: &Rc<ShardContext>,
     reader: &mut TcpStream<glommio::net::Preallocated>,
-    tx: &local_channel::LocalSender<Outgoing>,
+    tx: &Rc<local_channel::LocalSender<Outgoing>>,
 ) -> Stop {
     let limits = FrameLimits {
         header_bytes_max: ctx.config.limits.header_bytes_max,

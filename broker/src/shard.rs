@@ -231,7 +231,8 @@ impl ShardContext {
     /// itself are handled in place.
     pub async fn call(self: &Rc<Self>, to: ShardId, op: ShardOp) -> ShardReply {
         if to == self.id {
-            return self.handle_op(op).await;
+            // Boxed: topic changes call back into `call` (broadcast).
+            return Box::pin(self.handle_op(op)).await;
         }
         let id = self.next_request_id.get();
         self.next_request_id.set(id + 1);
