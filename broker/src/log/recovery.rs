@@ -19,7 +19,7 @@ fn is_tmpfs(dir: &Path) -> Result<bool, LogError> {
     }
     // SAFETY: statfs returned 0, so it filled the whole struct.
     let buf = unsafe { buf.assume_init() };
-    Ok(buf.f_type as i64 == libc::TMPFS_MAGIC as i64)
+    Ok(buf.f_type == libc::TMPFS_MAGIC)
 }
 
 /// Reads or creates `partition.metadata`.
