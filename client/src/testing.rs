@@ -15,6 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 #[derive(Default)]
 pub struct MockState {
     pub topics: BTreeMap<String, Vec<PartitionLog>>,
+    pub configs: BTreeMap<String, Vec<(String, String)>>,
     pub produce_requests: usize,
     pub produce_acks: Vec<i8>,
     /// Answer the next produce partitions with this error (then clear it).
@@ -168,13 +169,25 @@ fn handle(
                     let name = fbb.create_string(n);
                     let error =
                         if count.is_some() { ErrorCode::None } else { ErrorCode::UnknownTopicOrPartition };
+                    let entries = st.configs.get(n).cloned().unwrap_or_default();
+                    let configs: Vec<_> = entries
+                        .iter()
+                        .map(|(k, v)| {
+                            let (k, v) = (fbb.create_string(k), fbb.create_string(v));
+                            wire::ConfigEntry::create(
+                                &mut fbb,
+                                &wire::ConfigEntryArgs { name: Some(k), value: Some(v) },
+                            )
+                        })
+                        .collect();
+                    let configs = fbb.create_vector(&configs);
                     wire::TopicMetadata::create(
                         &mut fbb,
                         &wire::TopicMetadataArgs {
                             name: Some(name),
                             error,
                             partitions: Some(parts),
-                            configs: None,
+                            configs: Some(configs),
                         },
                     )
                 })
@@ -211,6 +224,20 @@ fn handle(
                     } else {
                         st.topics
                             .insert(name.clone(), vec![PartitionLog::default(); t.partitions() as usize]);
+                        let configs = t
+                            .configs()
+                            .map(|cs| {
+                                cs.iter()
+                                    .map(|c| {
+                                        (
+                                            c.name().unwrap_or("").to_string(),
+                                            c.value().unwrap_or("").to_string(),
+                                        )
+                                    })
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        st.configs.insert(name.clone(), configs);
                         ErrorCode::None
                     };
                     let name = fbb.create_string(&name);
@@ -230,6 +257,39 @@ fn handle(
                 corr,
                 frame.api_key(),
                 wire::ResponseBody::CreateTopicsResponse,
+                body.as_union_value(),
+                0,
+            );
+            (Some(r), Vec::new())
+        }
+        wire::ApiKey::DeleteTopics => {
+            let req = frame.body_as_delete_topics_request().expect("body");
+            let results: Vec<_> = req
+                .topics()
+                .expect("topics")
+                .iter()
+                .map(|name| {
+                    let error = match st.topics.remove(name) {
+                        Some(_) => ErrorCode::None,
+                        None => ErrorCode::UnknownTopicOrPartition,
+                    };
+                    let name = fbb.create_string(name);
+                    wire::TopicResult::create(
+                        &mut fbb,
+                        &wire::TopicResultArgs { name: Some(name), error, message: None },
+                    )
+                })
+                .collect();
+            let results = fbb.create_vector(&results);
+            let body = wire::DeleteTopicsResponse::create(
+                &mut fbb,
+                &wire::DeleteTopicsResponseArgs { results: Some(results) },
+            );
+            let r = respond(
+                fbb,
+                corr,
+                frame.api_key(),
+                wire::ResponseBody::DeleteTopicsResponse,
                 body.as_union_value(),
                 0,
             );

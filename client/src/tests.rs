@@ -263,4 +263,9 @@ async fn admin_creates_lists_and_describes() {
     assert_eq!(d.partitions[0].end_offset, 0);
     assert_eq!(d.partitions[0].leader_port.to_string(), mock.addr.rsplit(':').next().expect("port"));
     assert!(matches!(admin.describe_topic("zz").await, Err(ClientError::UnknownTopic(_))));
+    let a = admin.describe_topic("a").await.expect("describe");
+    assert_eq!(a.configs, vec![("retention.ms".to_string(), "1".to_string())]);
+    admin.delete_topic("a").await.expect("delete");
+    assert_eq!(admin.list_topics().await.expect("list"), vec!["b".to_string()]);
+    assert!(matches!(admin.delete_topic("a").await, Err(ClientError::UnknownTopic(_))));
 }

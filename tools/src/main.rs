@@ -1,1 +1,203 @@
-fn main() {}
+//! `shardlog`: run a broker, manage topics, produce and consume from a shell.
+//!
+//! Scripts depend on these command and flag names; keep them stable.
+
+mod client_cmds;
+mod log_dump;
+mod serve;
+mod settings;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(name = "shardlog", version, about = "Shardlog: a partitioned, thread-per-core commit-log broker")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a broker until SIGINT/SIGTERM.
+    Serve(serve::ServeArgs),
+    /// Create, list, describe and delete topics.
+    #[command(subcommand)]
+    Topic(TopicCommand),
+    /// Send stdin to a topic, one message per line.
+    Produce(ProduceArgs),
+    /// Print messages of a topic, one per line.
+    Consume(ConsumeArgs),
+    /// Inspect on-disk data.
+    #[command(subcommand)]
+    Log(LogCommand),
+}
+
+/// Connection settings every client command takes.
+#[derive(Args, Debug, Clone)]
+pub struct ClientArgs {
+    /// Any broker's public address.
+    #[arg(long, env = "SHARDLOG_BOOTSTRAP", value_name = "HOST:PORT")]
+    pub bootstrap: Option<String>,
+    /// TOML settings file (see `settings.rs`); flags and env vars win over it.
+    #[arg(long = "config-file", env = "SHARDLOG_CONFIG", value_name = "FILE.toml")]
+    pub config_file: Option<PathBuf>,
+    #[arg(long, env = "SHARDLOG_CLIENT_ID")]
+    pub client_id: Option<String>,
+    #[arg(long, env = "SHARDLOG_REQUEST_TIMEOUT_MS")]
+    pub request_timeout_ms: Option<u64>,
+}
+
+/// `--config FILE.toml` for commands where `--config` is not taken.
+#[derive(Args, Debug, Clone)]
+pub struct ConfigFileArg {
+    /// TOML settings file (same as --config-file).
+    #[arg(long = "config", value_name = "FILE.toml")]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TopicCommand {
+    /// Create a topic.
+    Create {
+        name: String,
+        #[arg(long, default_value_t = 1)]
+        partitions: u32,
+        /// Topic setting `name=value` (Kafka names: retention.ms, segment.bytes, flush.policy...).
+        #[arg(long = "config", value_name = "KEY=VALUE")]
+        configs: Vec<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// List topic names, one per line.
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(flatten)]
+        file: ConfigFileArg,
+    },
+    /// Show partitions (leader broker, shard, port, start and end offsets) and settings.
+    Describe {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(flatten)]
+        file: ConfigFileArg,
+    },
+    /// Delete a topic and its data.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(flatten)]
+        file: ConfigFileArg,
+    },
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcksArg {
+    #[value(name = "0", alias = "none")]
+    None,
+    #[value(name = "1", alias = "leader")]
+    Leader,
+    #[value(name = "all", alias = "-1")]
+    All,
+}
+
+#[derive(Args, Debug)]
+pub struct ProduceArgs {
+    pub topic: String,
+    /// Split each line at the first occurrence of S into key and value.
+    #[arg(long, value_name = "S")]
+    pub key_separator: Option<String>,
+    /// Send every message to this partition (default: the partitioner decides).
+    #[arg(long)]
+    pub partition: Option<u32>,
+    /// Acknowledgements to wait for: 0, 1 (leader) or all.
+    #[arg(long, env = "SHARDLOG_ACKS")]
+    pub acks: Option<AcksArg>,
+    #[arg(long)]
+    pub linger_ms: Option<u64>,
+    #[arg(long)]
+    pub batch_bytes: Option<usize>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[command(flatten)]
+    pub file: ConfigFileArg,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// The value only.
+    Value,
+    /// Key, separator, value.
+    KeyValue,
+    /// One JSON object per message.
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct ConsumeArgs {
+    pub topic: String,
+    /// Start at the earliest offset (default: only new messages).
+    #[arg(long, conflicts_with = "offset")]
+    pub from_beginning: bool,
+    /// Start at this offset.
+    #[arg(long)]
+    pub offset: Option<u64>,
+    /// Read only this partition (default: all).
+    #[arg(long)]
+    pub partition: Option<u32>,
+    /// Exit after printing this many messages.
+    #[arg(long)]
+    pub max_messages: Option<u64>,
+    /// Exit after this long without a message (default: follow forever).
+    #[arg(long)]
+    pub idle_timeout_ms: Option<u64>,
+    #[arg(long, value_enum, default_value_t = Format::Value)]
+    pub format: Format,
+    /// Separator between key and value with `--format key-value`.
+    #[arg(long, default_value = "\t")]
+    pub key_separator: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
+    #[command(flatten)]
+    pub file: ConfigFileArg,
+}
+
+#[derive(Subcommand, Debug)]
+enum LogCommand {
+    /// Print the batches (and with --records the records) of a segment file.
+    Dump {
+        file: PathBuf,
+        #[arg(long)]
+        records: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        // The broker runs its own threads; no tokio runtime around it.
+        Command::Serve(args) => serve::run(args),
+        Command::Log(LogCommand::Dump { file, records }) => log_dump::run(&file, records),
+        Command::Topic(cmd) => client_cmds::block_on(client_cmds::topic(cmd)),
+        Command::Produce(args) => client_cmds::block_on(client_cmds::produce(args)),
+        Command::Consume(args) => client_cmds::block_on(client_cmds::consume(args)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

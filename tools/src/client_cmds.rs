@@ -1,0 +1,295 @@
+//! The client commands: topic, produce, consume.
+
+use crate::settings::Settings;
+use crate::{AcksArg, ClientArgs, ConfigFileArg, ConsumeArgs, Format, ProduceArgs, TopicCommand};
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use shardlog_client::{
+    Acks, Admin, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, DeliveryFuture, Producer,
+    ProducerConfig, ProducerRecord, SeekTo,
+};
+use std::io::Write;
+use std::time::Duration;
+use tokio::io::AsyncBufReadExt;
+
+const BOOTSTRAP_DEFAULT: &str = "127.0.0.1:9092";
+/// Deliveries awaited behind the stdin reader before it waits.
+const DELIVERIES_QUEUED_MAX: usize = 100_000;
+
+pub fn block_on(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(fut)
+}
+
+/// Client settings: flags and env (already merged by clap) over the file over defaults.
+fn client_config(
+    args: &ClientArgs,
+    file_arg: Option<&ConfigFileArg>,
+) -> anyhow::Result<(ClientConfig, Settings)> {
+    let path = file_arg.and_then(|f| f.config.clone()).or_else(|| args.config_file.clone());
+    let settings = Settings::load(path.as_deref())?;
+    let mut config = ClientConfig::new(
+        args.bootstrap
+            .clone()
+            .or_else(|| settings.bootstrap.clone())
+            .unwrap_or_else(|| BOOTSTRAP_DEFAULT.into()),
+    );
+    config.client_id = args
+        .client_id
+        .clone()
+        .or_else(|| settings.client_id.clone())
+        .unwrap_or_else(|| "shardlog-cli".into());
+    if let Some(ms) = args.request_timeout_ms.or(settings.request_timeout_ms) {
+        config.request_timeout_ms = ms;
+    }
+    Ok((config, settings))
+}
+
+async fn admin(config: ClientConfig) -> anyhow::Result<Admin> {
+    let bootstrap = config.bootstrap.clone();
+    Admin::connect(config).await.with_context(|| format!("cannot connect to {bootstrap}"))
+}
+
+pub async fn topic(cmd: TopicCommand) -> anyhow::Result<()> {
+    match cmd {
+        TopicCommand::Create { name, partitions, configs, client } => {
+            let entries =
+                configs.iter().map(|kv| crate::serve::parse_kv(kv)).collect::<anyhow::Result<Vec<_>>>()?;
+            let (config, _) = client_config(&client, None)?;
+            admin(config)
+                .await?
+                .create_topic(&name, partitions, &entries)
+                .await
+                .with_context(|| format!("cannot create topic `{name}`"))?;
+            println!("created topic {name} with {partitions} partitions");
+        }
+        TopicCommand::List { client, file } => {
+            let (config, _) = client_config(&client, Some(&file))?;
+            for name in admin(config).await?.list_topics().await.context("cannot list topics")? {
+                println!("{name}");
+            }
+        }
+        TopicCommand::Describe { name, client, file } => {
+            let (config, _) = client_config(&client, Some(&file))?;
+            let d = admin(config)
+                .await?
+                .describe_topic(&name)
+                .await
+                .with_context(|| format!("cannot describe `{name}`"))?;
+            println!("topic: {}  partitions: {}", d.name, d.partitions.len());
+            for (k, v) in &d.configs {
+                println!("  {k}={v}");
+            }
+            println!(
+                "{:>9} {:>6} {:>5} {:>21} {:>12} {:>12}",
+                "partition", "leader", "shard", "address", "start", "end"
+            );
+            for p in &d.partitions {
+                let addr = format!("{}:{}", p.leader_host, p.leader_port);
+                println!(
+                    "{:>9} {:>6} {:>5} {:>21} {:>12} {:>12}",
+                    p.partition, p.leader_broker, p.leader_shard, addr, p.start_offset, p.end_offset
+                );
+            }
+        }
+        TopicCommand::Delete { name, client, file } => {
+            let (config, _) = client_config(&client, Some(&file))?;
+            admin(config)
+                .await?
+                .delete_topic(&name)
+                .await
+                .with_context(|| format!("cannot delete topic `{name}`"))?;
+            println!("deleted topic {name}");
+        }
+    }
+    Ok(())
+}
+
+fn acks(arg: Option<AcksArg>, file: Option<&str>) -> anyhow::Result<Acks> {
+    Ok(match (arg, file) {
+        (Some(AcksArg::None), _) => Acks::None,
+        (Some(AcksArg::Leader), _) => Acks::Leader,
+        (Some(AcksArg::All), _) => Acks::All,
+        (None, None) => Acks::Leader,
+        (None, Some("0" | "none")) => Acks::None,
+        (None, Some("1" | "leader")) => Acks::Leader,
+        (None, Some("all" | "-1")) => Acks::All,
+        (None, Some(other)) => bail!("invalid acks `{other}` in config file: expected 0, 1 or all"),
+    })
+}
+
+pub async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
+    let (client, settings) = client_config(&args.client, Some(&args.file))?;
+    let p = &settings.producer;
+    let defaults = ProducerConfig::default();
+    let config = ProducerConfig {
+        client: client.clone(),
+        acks: acks(args.acks, p.acks.as_deref())?,
+        linger_ms: args.linger_ms.or(p.linger_ms).unwrap_or(defaults.linger_ms),
+        batch_bytes: args.batch_bytes.or(p.batch_bytes).unwrap_or(defaults.batch_bytes),
+        buffer_bytes_max: p.buffer_bytes_max.unwrap_or(defaults.buffer_bytes_max),
+        max_in_flight: p.max_in_flight.unwrap_or(defaults.max_in_flight),
+        retries: p.retries.unwrap_or(defaults.retries),
+        ..defaults
+    };
+    let producer =
+        Producer::new(config).await.with_context(|| format!("cannot connect to {}", client.bootstrap))?;
+
+    // Deliveries are checked in order by a second task while stdin is read.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u64, DeliveryFuture)>(DELIVERIES_QUEUED_MAX);
+    let checker = tokio::spawn(async move {
+        let mut acked = 0u64;
+        while let Some((line, delivery)) = rx.recv().await {
+            delivery.await.with_context(|| format!("message from line {line} was not delivered"))?;
+            acked += 1;
+        }
+        anyhow::Ok(acked)
+    });
+
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    let mut line_no = 0u64;
+    let read_result: anyhow::Result<()> = async {
+        while let Some(line) = lines.next_line().await.context("reading stdin")? {
+            line_no += 1;
+            let mut record = match &args.key_separator {
+                Some(sep) => {
+                    let Some((k, v)) = line.split_once(sep.as_str()) else {
+                        bail!("line {line_no} has no key separator `{sep}`");
+                    };
+                    ProducerRecord::new(args.topic.clone(), Bytes::copy_from_slice(v.as_bytes()))
+                        .with_key(Bytes::copy_from_slice(k.as_bytes()))
+                }
+                None => ProducerRecord::new(args.topic.clone(), Bytes::from(line)),
+            };
+            record.partition = args.partition;
+            let delivery =
+                producer.send(record).await.with_context(|| format!("cannot send line {line_no}"))?;
+            if tx.send((line_no, delivery)).await.is_err() {
+                break; // the checker stopped on an error; it reports it
+            }
+        }
+        Ok(())
+    }
+    .await;
+    drop(tx);
+    let flushed = producer.flush().await;
+    let checked = checker.await.context("delivery checker failed")?;
+    read_result?;
+    let acked = checked?;
+    flushed.context("flush failed")?;
+    tracing::info!(acked, "all messages acknowledged");
+    Ok(())
+}
+
+fn json_text(b: &[u8]) -> serde_json::Value {
+    serde_json::Value::String(String::from_utf8_lossy(b).into_owned())
+}
+
+fn write_record(out: &mut impl Write, r: &ConsumerRecord, format: Format, sep: &str) -> std::io::Result<()> {
+    match format {
+        Format::Value => {
+            out.write_all(&r.value)?;
+        }
+        Format::KeyValue => {
+            out.write_all(r.key.as_deref().unwrap_or(b"null"))?;
+            out.write_all(sep.as_bytes())?;
+            out.write_all(&r.value)?;
+        }
+        Format::Json => {
+            let headers: serde_json::Map<String, serde_json::Value> =
+                r.headers.iter().map(|(k, v)| (k.clone(), json_text(v))).collect();
+            let v = serde_json::json!({
+                "topic": &*r.topic,
+                "partition": r.partition,
+                "offset": r.offset,
+                "timestamp_ms": r.timestamp_ms,
+                "key": r.key.as_deref().map(json_text),
+                "value": json_text(&r.value),
+                "headers": headers,
+            });
+            serde_json::to_writer(&mut *out, &v)?;
+        }
+    }
+    out.write_all(b"\n")
+}
+
+pub async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
+    let (client, settings) = client_config(&args.client, Some(&args.file))?;
+    let c = &settings.consumer;
+    let defaults = ConsumerConfig::default();
+    let config = ConsumerConfig {
+        client: client.clone(),
+        fetch_max_wait_ms: c.fetch_max_wait_ms.unwrap_or(defaults.fetch_max_wait_ms),
+        fetch_min_bytes: c.fetch_min_bytes.unwrap_or(defaults.fetch_min_bytes),
+        fetch_max_bytes: c.fetch_max_bytes.unwrap_or(defaults.fetch_max_bytes),
+        partition_max_bytes: c.partition_max_bytes.unwrap_or(defaults.partition_max_bytes),
+        ..defaults
+    };
+    let partitions: Vec<(String, u32)> = match args.partition {
+        Some(p) => vec![(args.topic.clone(), p)],
+        None => {
+            let admin = admin(client.clone()).await?;
+            let md = admin
+                .metadata(Some(std::slice::from_ref(&args.topic)))
+                .await
+                .context("cannot load metadata")?;
+            let t = md.topic(&args.topic).with_context(|| format!("unknown topic `{}`", args.topic))?;
+            t.partitions.iter().map(|p| (args.topic.clone(), p.partition)).collect()
+        }
+    };
+    let start = match (args.from_beginning, args.offset) {
+        (true, _) => SeekTo::Earliest,
+        (false, Some(o)) => SeekTo::Offset(o),
+        (false, None) => SeekTo::Latest,
+    };
+    let mut consumer =
+        Consumer::new(config).await.with_context(|| format!("cannot connect to {}", client.bootstrap))?;
+    consumer.assign(&partitions, start).await.with_context(|| format!("cannot assign `{}`", args.topic))?;
+
+    let max = args.max_messages.unwrap_or(u64::MAX);
+    let idle = args.idle_timeout_ms.map(Duration::from_millis);
+    let mut printed = 0u64;
+    let mut idle_since = tokio::time::Instant::now();
+    let stdout = std::io::stdout();
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    while printed < max {
+        let records = tokio::select! {
+            r = consumer.poll(Duration::from_millis(500)) => r.context("poll failed")?,
+            _ = &mut ctrl_c => break,
+        };
+        if records.is_empty() {
+            if idle.is_some_and(|d| idle_since.elapsed() >= d) {
+                break;
+            }
+            continue;
+        }
+        idle_since = tokio::time::Instant::now();
+        let mut out = std::io::BufWriter::new(stdout.lock());
+        for r in &records {
+            if printed >= max {
+                break;
+            }
+            if let Err(e) = write_record(&mut out, r, args.format, &args.key_separator) {
+                return broken_pipe_is_fine(e);
+            }
+            printed += 1;
+        }
+        if let Err(e) = out.flush() {
+            return broken_pipe_is_fine(e);
+        }
+    }
+    Ok(())
+}
+
+/// `consume | head` closing the pipe is a normal way to stop.
+fn broken_pipe_is_fine(e: std::io::Error) -> anyhow::Result<()> {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        return Ok(());
+    }
+    Err(e).context("writing to stdout")
+}

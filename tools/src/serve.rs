@@ -1,0 +1,127 @@
+//! `shardlog serve`: builds the broker configuration and runs the broker.
+
+use crate::settings::Settings;
+use anyhow::{bail, Context};
+use clap::Args;
+use shardlog_broker::config::BrokerConfig;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The default public address.
+const LISTEN_DEFAULT: &str = "127.0.0.1:9092";
+/// The default data directory.
+const DATA_DIR_DEFAULT: &str = "./shardlog-data";
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Where partition logs and topic metadata live.
+    #[arg(long, env = "SHARDLOG_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Public address every shard accepts on (port 0 picks one).
+    #[arg(long, env = "SHARDLOG_LISTEN", value_name = "HOST:PORT")]
+    listen: Option<SocketAddr>,
+    /// Number of shards (pinned executor threads); default: one per core.
+    #[arg(long, env = "SHARDLOG_SHARDS")]
+    shards: Option<usize>,
+    /// Prometheus /metrics listener.
+    #[arg(long, env = "SHARDLOG_ADMIN_LISTEN", value_name = "HOST:PORT")]
+    admin_listen: Option<SocketAddr>,
+    /// TOML settings file ([serve] section); flags and env vars win over it.
+    #[arg(long = "config", env = "SHARDLOG_CONFIG", value_name = "FILE.toml")]
+    config: Option<PathBuf>,
+    /// First per-shard port (shard i listens on base + i).
+    #[arg(long)]
+    shard_port_base: Option<u16>,
+    /// Host name clients are told to connect to.
+    #[arg(long)]
+    advertised_host: Option<String>,
+    #[arg(long)]
+    broker_id: Option<i32>,
+    /// Do not pin shards to cores.
+    #[arg(long)]
+    no_pin_cores: bool,
+    /// Largest request envelope (flatbuffer) in bytes.
+    #[arg(long)]
+    header_bytes_max: Option<u32>,
+    /// Largest raw payload (record batches) of one request in bytes.
+    #[arg(long)]
+    request_payload_bytes_max: Option<u32>,
+    #[arg(long)]
+    connections_max: Option<usize>,
+    #[arg(long)]
+    in_flight_per_connection_max: Option<usize>,
+    #[arg(long)]
+    partitions_max: Option<usize>,
+    /// Produce bytes a shard holds in flight before pushing back.
+    #[arg(long)]
+    shard_buffered_bytes_max: Option<usize>,
+    /// Longest fetch long-poll a client may ask for.
+    #[arg(long)]
+    fetch_wait_ms_max: Option<u32>,
+    #[arg(long)]
+    retention_check_interval_ms: Option<u64>,
+    /// Default topic setting `name=value` (Kafka names), repeatable.
+    #[arg(long = "topic-default", value_name = "KEY=VALUE")]
+    topic_defaults: Vec<String>,
+}
+
+/// Splits `name=value`.
+pub fn parse_kv(s: &str) -> anyhow::Result<(String, String)> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => bail!("expected KEY=VALUE, got `{s}`"),
+    }
+}
+
+pub fn build_config(args: ServeArgs) -> anyhow::Result<BrokerConfig> {
+    let file = Settings::load(args.config.as_deref())?.serve;
+    let data_dir = args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from(DATA_DIR_DEFAULT));
+    let listen = match args.listen.or(file.listen) {
+        Some(l) => l,
+        None => LISTEN_DEFAULT.parse().context("default listen address")?,
+    };
+    let mut config = BrokerConfig::new(data_dir, listen);
+    if let Some(n) = args.shards.or(file.shards) {
+        config.shards = n;
+    }
+    config.admin_listen = args.admin_listen.or(file.admin_listen);
+    config.shard_port_base = args.shard_port_base.or(file.shard_port_base);
+    config.advertised_host = args.advertised_host.or(file.advertised_host);
+    if let Some(id) = args.broker_id.or(file.broker_id) {
+        config.broker_id = id;
+    }
+    config.pin_cores = !args.no_pin_cores && file.pin_cores.unwrap_or(true);
+    let l = &mut config.limits;
+    macro_rules! limit {
+        ($field:ident) => {
+            if let Some(v) = args.$field.or(file.$field) {
+                l.$field = v;
+            }
+        };
+    }
+    limit!(header_bytes_max);
+    limit!(request_payload_bytes_max);
+    limit!(connections_max);
+    limit!(in_flight_per_connection_max);
+    limit!(partitions_max);
+    limit!(shard_buffered_bytes_max);
+    limit!(fetch_wait_ms_max);
+    if let Some(ms) = args.retention_check_interval_ms.or(file.retention_check_interval_ms) {
+        config.retention_check_interval = Duration::from_millis(ms);
+    }
+    // File entries first, then flags, so flags win.
+    for (k, v) in &file.topic_defaults {
+        config.topic_defaults.set(k, v).with_context(|| format!("topic default `{k}` in config file"))?;
+    }
+    for kv in &args.topic_defaults {
+        let (k, v) = parse_kv(kv)?;
+        config.topic_defaults.set(&k, &v).with_context(|| format!("--topic-default {kv}"))?;
+    }
+    Ok(config)
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = build_config(args)?;
+    shardlog_broker::run(config).context("broker failed")
+}

@@ -1,0 +1,271 @@
+//! End to end through the command line: the real `shardlog` binary serves on
+//! 127.0.0.1 (port 0, temp data directory) and the same binary's client
+//! commands talk to it through stdin/stdout, as scripts would.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_shardlog");
+const COMMAND_DEADLINE: Duration = Duration::from_secs(60);
+
+struct Broker {
+    child: Child,
+    listen: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Broker {
+    fn start() -> Broker {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--shards", "2", "--no-pin-cores", "--data-dir"])
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn shardlog serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("ready line");
+        assert!(line.starts_with("shardlog ready: "), "unexpected first line {line:?}");
+        let listen = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("listen="))
+            .unwrap_or_else(|| panic!("no listen= in {line:?}"))
+            .to_string();
+        Broker { child, listen, _dir: dir }
+    }
+
+    fn cli(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args).env("SHARDLOG_BOOTSTRAP", &self.listen).env_remove("SHARDLOG_CONFIG");
+        cmd
+    }
+
+    /// Runs a client command to completion (bounded by a deadline).
+    fn run(&self, args: &[&str], stdin: &str) -> Output {
+        let mut child = self
+            .cli(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn shardlog");
+        let mut input = child.stdin.take().expect("stdin");
+        let text = stdin.to_string();
+        let writer = std::thread::spawn(move || {
+            input.write_all(text.as_bytes()).expect("write stdin");
+        });
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || tx.send(child.wait_with_output()));
+        let out = rx
+            .recv_timeout(COMMAND_DEADLINE)
+            .unwrap_or_else(|_| panic!("`shardlog {}` did not finish", args.join(" ")))
+            .expect("wait");
+        writer.join().expect("stdin writer");
+        out
+    }
+
+    fn ok(&self, args: &[&str], stdin: &str) -> String {
+        let out = self.run(args, stdin);
+        assert!(
+            out.status.success(),
+            "`shardlog {}` failed: {}\nstderr: {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("utf8 stdout")
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn lines(s: &str) -> Vec<String> {
+    s.lines().map(str::to_string).collect()
+}
+
+#[test]
+fn produce_then_consume_round_trips_stdin_to_stdout() {
+    let broker = Broker::start();
+    broker.ok(&["topic", "create", "lines", "--partitions", "3"], "");
+
+    // One partition: exact order is preserved.
+    let input: Vec<String> = (0..500).map(|i| format!("message {i} with some text")).collect();
+    broker.ok(&["produce", "lines", "--partition", "1"], &(input.join("\n") + "\n"));
+    let out =
+        broker.ok(&["consume", "lines", "--partition", "1", "--from-beginning", "--max-messages", "500"], "");
+    assert_eq!(lines(&out), input);
+
+    // Keyed lines over all partitions: every line comes back once.
+    let keyed: Vec<String> = (0..300).map(|i| format!("key{}:value {i}", i % 7)).collect();
+    broker.ok(&["produce", "lines", "--key-separator", ":", "--acks", "all"], &keyed.join("\n"));
+    let out = broker.ok(
+        &[
+            "consume",
+            "lines",
+            "--from-beginning",
+            "--max-messages",
+            "800",
+            "--format",
+            "key-value",
+            "--key-separator",
+            ":",
+        ],
+        "",
+    );
+    let mut got = lines(&out);
+    assert_eq!(got.len(), 800);
+    got.retain(|l| l.starts_with("key"));
+    got.sort();
+    let mut want = keyed.clone();
+    want.sort();
+    assert_eq!(got, want);
+
+    // JSON format carries partition, offset and key.
+    let out = broker.ok(
+        &[
+            "consume",
+            "lines",
+            "--partition",
+            "1",
+            "--offset",
+            "499",
+            "--max-messages",
+            "1",
+            "--format",
+            "json",
+        ],
+        "",
+    );
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json line");
+    assert_eq!(v["offset"], 499);
+    assert_eq!(v["partition"], 1);
+    assert_eq!(v["value"], "message 499 with some text");
+    assert_eq!(v["key"], serde_json::Value::Null);
+}
+
+#[test]
+fn topic_create_list_describe_delete() {
+    let broker = Broker::start();
+    broker.ok(&["topic", "create", "alpha", "--partitions", "4", "--config", "retention.ms=60000"], "");
+    broker.ok(&["topic", "create", "beta"], "");
+    assert_eq!(lines(&broker.ok(&["topic", "list"], "")), vec!["alpha", "beta"]);
+
+    broker.ok(&["produce", "alpha", "--partition", "2"], "a\nb\nc\n");
+    let out = broker.ok(&["topic", "describe", "alpha"], "");
+    assert!(out.contains("partitions: 4"), "{out}");
+    assert!(out.contains("retention.ms=60000"), "{out}");
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|w| w.len() == 6 && w[0].parse::<u32>().is_ok())
+        .collect();
+    assert_eq!(rows.len(), 4, "{out}");
+    for row in &rows {
+        let port: u16 = row[3].rsplit(':').next().and_then(|p| p.parse().ok()).expect("address with a port");
+        assert_ne!(port, 0);
+        let end = if row[0] == "2" { "3" } else { "0" };
+        assert_eq!((row[4], row[5]), ("0", end), "start and end offsets of partition {}", row[0]);
+    }
+
+    let dup = broker.run(&["topic", "create", "alpha", "--partitions", "1"], "");
+    assert!(!dup.status.success());
+    assert!(String::from_utf8_lossy(&dup.stderr).contains("TopicAlreadyExists"));
+
+    broker.ok(&["topic", "delete", "alpha"], "");
+    assert_eq!(lines(&broker.ok(&["topic", "list"], "")), vec!["beta"]);
+    let gone = broker.run(&["topic", "describe", "alpha"], "");
+    assert!(!gone.status.success());
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("unknown topic"));
+}
+
+#[test]
+fn produce_to_unknown_topic_fails_with_a_clear_error() {
+    let broker = Broker::start();
+    let out = broker.run(&["produce", "no-such-topic"], "one\ntwo\n");
+    assert!(!out.status.success(), "must exit non-zero");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("unknown topic `no-such-topic`"), "stderr: {stderr}");
+
+    let out = broker.run(&["produce", "no-such-topic", "--key-separator", ":"], "no separator here\n");
+    assert!(!out.status.success());
+}
+
+#[test]
+fn settings_file_and_flags_precedence() {
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("client.toml");
+    std::fs::write(&file, format!("bootstrap = \"{}\"\n", broker.listen)).expect("write config");
+    let file = file.to_str().expect("utf8 path");
+    // The file supplies the bootstrap address when neither flag nor env does.
+    let out = Command::new(BIN)
+        .args(["topic", "create", "from-file", "--config-file", file])
+        .env_remove("SHARDLOG_BOOTSTRAP")
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN)
+        .args(["topic", "list", "--config", file])
+        .env_remove("SHARDLOG_BOOTSTRAP")
+        .output()
+        .expect("run");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "from-file");
+    // A flag wins over the file: this address has nothing listening.
+    let out = Command::new(BIN)
+        .args(["topic", "list", "--config", file, "--bootstrap", "127.0.0.1:1"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("127.0.0.1:1"));
+}
+
+#[test]
+fn consume_follows_until_interrupted() {
+    let broker = Broker::start();
+    broker.ok(&["topic", "create", "follow"], "");
+    let mut child = broker
+        .cli(&["consume", "follow"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn consume");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line.expect("line")).is_err() {
+                return;
+            }
+        }
+    });
+    // The consumer starts at the log end; keep producing until it prints one.
+    let deadline = Instant::now() + COMMAND_DEADLINE;
+    let first = loop {
+        assert!(Instant::now() < deadline, "consume printed nothing");
+        broker.ok(&["produce", "follow"], "live\n");
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(500)) {
+            break line;
+        }
+    };
+    assert_eq!(first, "live");
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args(["-INT", &pid]).status().expect("kill").success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            assert!(status.success(), "Ctrl-C must be a clean exit, got {status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "consume did not stop on SIGINT");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
