@@ -203,6 +203,28 @@ impl Default for Limits {
     }
 }
 
+/// How fetch responses send segment-file bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FetchPath {
+    /// io_uring splice file -> pipe -> socket (zero-copy); falls back to
+    /// `Plain` at start-up, with one log line, where splice is unavailable.
+    Splice,
+    /// read into memory, then send.
+    Plain,
+}
+
+impl std::str::FromStr for FetchPath {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "splice" => Ok(FetchPath::Splice),
+            "plain" => Ok(FetchPath::Plain),
+            _ => Err(format!("unknown fetch path `{s}`: expected splice or plain")),
+        }
+    }
+}
+
 /// Everything `shardlog serve` needs.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
@@ -225,6 +247,7 @@ pub struct BrokerConfig {
     pub retention_check_interval: Duration,
     /// Prometheus `/metrics` listener.
     pub admin_listen: Option<SocketAddr>,
+    pub fetch_path: FetchPath,
 }
 
 impl BrokerConfig {
@@ -242,6 +265,7 @@ impl BrokerConfig {
             topic_defaults: TopicConfig::default(),
             retention_check_interval: Duration::from_secs(30),
             admin_listen: None,
+            fetch_path: FetchPath::Splice,
         }
     }
 }

@@ -69,6 +69,8 @@ pub struct ReadyInfo {
     pub listen: SocketAddr,
     pub shard_ports: Vec<u16>,
     pub data_dir: PathBuf,
+    /// The `/metrics` listener, when enabled.
+    pub admin: Option<SocketAddr>,
 }
 
 impl ReadyInfo {
@@ -77,12 +79,16 @@ impl ReadyInfo {
     #[must_use]
     pub fn ready_line(&self) -> String {
         let ports: Vec<String> = self.shard_ports.iter().map(u16::to_string).collect();
-        format!(
+        let mut line = format!(
             "shardlog ready: listen={} shard_ports={} data_dir={}",
             self.listen,
             ports.join(","),
             self.data_dir.display()
-        )
+        );
+        if let Some(admin) = self.admin {
+            line.push_str(&format!(" admin={admin}"));
+        }
+        line
     }
 }
 
@@ -160,7 +166,7 @@ fn reserve_public_port(addr: SocketAddr) -> Result<(socket2::Socket, SocketAddr)
 
 enum Startup {
     Bound { shard: usize, port: u16 },
-    Serving,
+    Serving { admin: Option<SocketAddr> },
     Failed { shard: usize, message: String },
 }
 
@@ -245,7 +251,7 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
             Ok(Startup::Failed { shard, message }) => {
                 return fail(&stop, threads, BrokerError::Shard { shard, message })
             }
-            Ok(Startup::Serving) => {}
+            Ok(Startup::Serving { .. }) => {}
             Err(_) => {
                 return fail(&stop, threads, BrokerError::Thread("a shard exited during start-up".into()))
             }
@@ -256,9 +262,13 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
         let _exited = tx.send(ports.clone());
     }
     let mut serving = 0;
+    let mut admin = None;
     while serving < shards {
         match status_rx.recv() {
-            Ok(Startup::Serving) => serving += 1,
+            Ok(Startup::Serving { admin: a }) => {
+                serving += 1;
+                admin = admin.or(a);
+            }
             Ok(Startup::Failed { shard, message }) => {
                 return fail(&stop, threads, BrokerError::Shard { shard, message })
             }
@@ -268,7 +278,7 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
             }
         }
     }
-    let ready = ReadyInfo { listen: public, shard_ports: ports, data_dir: config.data_dir.clone() };
+    let ready = ReadyInfo { listen: public, shard_ports: ports, data_dir: config.data_dir.clone(), admin };
     tracing::info!(listen = %public, shard_ports = ?ready.shard_ports, shards, topics = topics.len(), "broker serving");
     Ok(BrokerHandle { ready, stop, threads })
 }
@@ -303,8 +313,27 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
         (id == 0).then(|| Box::new(FileTopicStore::new(&spec.config.data_dir)) as Box<dyn TopicStore>);
     let endpoints = Endpoints { host: spec.host, public_port: spec.public.port(), shard_ports };
     let config = Rc::new(spec.config);
-    let ctx =
-        ShardContext::new(ShardId(id as u16), config.clone(), endpoints, TopicTable::new(), senders, store);
+    let splicer = match config.fetch_path {
+        config::FetchPath::Plain => None,
+        config::FetchPath::Splice => match io::splice::Splicer::new() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                if id == 0 {
+                    tracing::warn!(error = %e, "io_uring splice unavailable: fetches use read + send");
+                }
+                None
+            }
+        },
+    };
+    let ctx = ShardContext::new(
+        ShardId(id as u16),
+        config.clone(),
+        endpoints,
+        TopicTable::new(),
+        senders,
+        store,
+        splicer,
+    );
     ctx.spawn_mesh_receivers(receivers);
     for meta in spec.topics.into_values() {
         ctx.apply_topic(meta).await?;
@@ -312,14 +341,15 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
     let accept_public = glommio::spawn_local(net::accept_loop(ctx.clone(), public, "public"));
     let accept_own = glommio::spawn_local(net::accept_loop(ctx.clone(), own, "shard"));
     let retention = glommio::spawn_local(retention_loop(ctx.clone()));
-    let admin = match (id, config.admin_listen) {
+    let (admin, admin_addr) = match (id, config.admin_listen) {
         (0, Some(addr)) => {
             let l = glommio::net::TcpListener::bind(addr).map_err(|e| format!("bind admin {addr}: {e}"))?;
-            Some(glommio::spawn_local(metrics::admin_loop(ctx.clone(), l)))
+            let bound = l.local_addr().map_err(|e| e.to_string())?;
+            (Some(glommio::spawn_local(metrics::admin_loop(ctx.clone(), l))), Some(bound))
         }
-        _ => None,
+        _ => (None, None),
     };
-    spec.status.send(Startup::Serving).map_err(|e| e.to_string())?;
+    spec.status.send(Startup::Serving { admin: admin_addr }).map_err(|e| e.to_string())?;
     while !spec.stop.load(Ordering::Acquire) {
         glommio::timer::sleep(SHUTDOWN_POLL).await;
     }

@@ -16,6 +16,7 @@
 //! **API boundary**: `net` never interprets a request body; that is `dispatch`.
 
 use crate::dispatch::{self, DataChunk, Outgoing};
+use crate::io::splice::Splicer;
 use crate::log::ReadChunk;
 use crate::metrics::{ServePath, ShardMetrics};
 use crate::shard::ShardContext;
@@ -25,7 +26,8 @@ use glommio::net::{TcpListener, TcpStream};
 use glommio::sync::Semaphore;
 use shardlog_schema::frame::{self, FrameLimits, LENGTH_PREFIX_BYTES};
 use shardlog_schema::wire::{ApiKey, ErrorCode};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::any::Any;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
 
 /// Accepts connections until the shard stops.
@@ -63,10 +65,7 @@ pub async fn accept_loop(ctx: Rc<ShardContext>, listener: TcpListener, name: &'s
 
 /// A second handle on the same socket, so the writer task can own one.
 fn clone_stream(stream: &TcpStream) -> std::io::Result<TcpStream> {
-    // SAFETY: the fd belongs to `stream`, which outlives this borrow; the
-    // borrow is used only to duplicate the descriptor.
-    let fd = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) };
-    let owned = fd.try_clone_to_owned()?;
+    let owned = clone_fd(stream)?;
     Ok(TcpStream::from(socket2::Socket::from(std::net::TcpStream::from(owned))))
 }
 
@@ -179,20 +178,23 @@ async fn read_loop(
 const WRITE_COALESCE_BYTES_MAX: usize = 256 << 10;
 
 /// Writes responses as they complete, coalescing what is ready into one send.
-async fn write_loop(
-    ctx: Rc<ShardContext>,
-    mut stream: TcpStream,
-    rx: local_channel::LocalReceiver<Outgoing>,
-) {
-    let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
+async fn write_loop(ctx: Rc<ShardContext>, stream: TcpStream, rx: local_channel::LocalReceiver<Outgoing>) {
+    let splice = ctx.splicer.clone().and_then(|s| match clone_fd(&stream) {
+        Ok(fd) => Some((s, Rc::new(fd))),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot duplicate socket for splice; using read + send");
+            None
+        }
+    });
+    let mut w = Writer { ctx, stream, buf: Vec::with_capacity(64 << 10), splice };
     while let Some(first) = rx.recv().await {
         let mut out = first;
         loop {
-            if let Err(e) = append_outgoing(&ctx.metrics, &mut buf, out).await {
-                tracing::warn!(error = %e, "cannot read log data for a response; closing connection");
+            if let Err(e) = w.push(out).await {
+                tracing::debug!(error = %e, "response write failed; closing connection");
                 return;
             }
-            if buf.len() >= WRITE_COALESCE_BYTES_MAX {
+            if w.buf.len() >= WRITE_COALESCE_BYTES_MAX {
                 break;
             }
             match futures_lite::future::poll_once(rx.recv()).await {
@@ -200,44 +202,82 @@ async fn write_loop(
                 _ => break,
             }
         }
-        if stream.write_all(&buf).await.is_err() {
+        if w.flush().await.is_err() {
             return;
         }
-        buf.clear();
     }
-    let _closed = stream.flush().await;
-    let _closed = stream.shutdown(std::net::Shutdown::Write).await;
+    let _closed = w.stream.flush().await;
+    let _closed = w.stream.shutdown(std::net::Shutdown::Write).await;
 }
 
-/// Serializes one response into `buf` (plain read + send path).
-async fn append_outgoing(
-    metrics: &ShardMetrics,
-    buf: &mut Vec<u8>,
-    out: Outgoing,
-) -> Result<(), crate::log::LogError> {
-    match out {
-        Outgoing::Frame(bytes) => buf.extend_from_slice(&bytes),
-        Outgoing::Data { header, chunks } => {
-            buf.extend_from_slice(&header);
-            for chunk in chunks {
-                match chunk {
-                    DataChunk::Bytes(b) => {
-                        metrics.count_fetch_bytes(ServePath::Plain, b.len());
-                        buf.extend_from_slice(&b);
-                    }
-                    DataChunk::Log(ReadChunk::Memory(b)) => {
-                        metrics.count_fetch_bytes(ServePath::HotTail, b.len());
-                        buf.extend_from_slice(&b);
-                    }
-                    DataChunk::Log(ReadChunk::File { file, position, len }) => {
-                        let bytes = file.read_bytes(position, len).await?;
-                        metrics.count_fetch_bytes(ServePath::Plain, bytes.len());
-                        buf.extend_from_slice(&bytes);
+/// A duplicate of the socket's fd, kept alive by splice operations in flight.
+fn clone_fd(stream: &TcpStream) -> std::io::Result<OwnedFd> {
+    // SAFETY: the fd belongs to `stream`, which outlives this borrow; the
+    // borrow is used only to duplicate the descriptor.
+    unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) }.try_clone_to_owned()
+}
+
+struct Writer {
+    ctx: Rc<ShardContext>,
+    stream: TcpStream,
+    buf: Vec<u8>,
+    /// The shard's splice engine and this socket's fd for it, when splicing.
+    splice: Option<(Rc<Splicer>, Rc<OwnedFd>)>,
+}
+
+impl Writer {
+    async fn flush(&mut self) -> std::io::Result<()> {
+        if !self.buf.is_empty() {
+            self.stream.write_all(&self.buf).await?;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+
+    /// Queues one response; file ranges are spliced (after flushing what is
+    /// queued before them) or read and copied on the plain path.
+    async fn push(&mut self, out: Outgoing) -> std::io::Result<()> {
+        let ctx = self.ctx.clone();
+        let metrics = &ctx.metrics;
+        match out {
+            Outgoing::Frame(bytes) => self.buf.extend_from_slice(&bytes),
+            Outgoing::Nothing => {}
+            Outgoing::Data { header, chunks } => {
+                self.buf.extend_from_slice(&header);
+                for chunk in chunks {
+                    match chunk {
+                        DataChunk::Bytes(b) => {
+                            metrics.count_fetch_bytes(ServePath::Plain, b.len());
+                            self.buf.extend_from_slice(&b);
+                        }
+                        DataChunk::Log(ReadChunk::Memory(b)) => {
+                            metrics.count_fetch_bytes(ServePath::HotTail, b.len());
+                            self.buf.extend_from_slice(&b);
+                        }
+                        DataChunk::Log(ReadChunk::File { file, position, len }) => {
+                            if let Some((splicer, sock)) = self.splice.clone() {
+                                self.flush().await?;
+                                let keep: [Rc<dyn Any>; 2] = [file.clone(), sock.clone()];
+                                splicer
+                                    .splice_to_socket(file.raw_fd(), position, len, sock.as_raw_fd(), &keep)
+                                    .await?;
+                                metrics.count_fetch_bytes(ServePath::Splice, len);
+                            } else {
+                                let bytes =
+                                    file.read_bytes(position, len).await.map_err(std::io::Error::other)?;
+                                if bytes.len() != len {
+                                    return Err(std::io::Error::other(
+                                        "segment ended before the range to send",
+                                    ));
+                                }
+                                metrics.count_fetch_bytes(ServePath::Plain, bytes.len());
+                                self.buf.extend_from_slice(&bytes);
+                            }
+                        }
                     }
                 }
             }
         }
-        Outgoing::Nothing => {}
+        Ok(())
     }
-    Ok(())
 }

@@ -132,6 +132,8 @@ pub struct ShardContext {
     /// Produce payload bytes held by this shard's connections.
     pub buffered_bytes: Rc<Semaphore>,
     pub metrics: crate::metrics::ShardMetrics,
+    /// The splice engine, when fetches splice (see `config::FetchPath`).
+    pub splicer: Option<Rc<crate::io::splice::Splicer>>,
     /// Only on shard 0.
     store: Option<Box<dyn TopicStore>>,
 }
@@ -144,6 +146,7 @@ impl ShardContext {
         topics: TopicTable,
         mesh: Senders<ShardMsg>,
         store: Option<Box<dyn TopicStore>>,
+        splicer: Option<Rc<crate::io::splice::Splicer>>,
     ) -> Rc<ShardContext> {
         let shard_count = u16::try_from(config.shards).expect("shard count fits u16");
         Rc::new(ShardContext {
@@ -161,6 +164,7 @@ impl ShardContext {
             connections: Cell::new(0),
             shutting_down: Cell::new(false),
             metrics: crate::metrics::ShardMetrics::default(),
+            splicer,
             store,
         })
     }

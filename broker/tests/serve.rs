@@ -338,3 +338,73 @@ fn junk_costs_only_its_own_connection() {
     assert!(values(&data).iter().all(|(_, v)| v == b"still here"));
     handle.shutdown().expect("clean shutdown");
 }
+
+fn scrape(addr: std::net::SocketAddr) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect admin");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out
+}
+
+/// Sum of one counter over shards, e.g. `fetch_bytes_total` with `path="splice"`.
+fn counter(text: &str, name: &str, label: &str) -> u64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("shardlog_{name}{{")) && l.contains(label))
+        .map(|l| l.rsplit(' ').next().expect("value").parse::<u64>().expect("number"))
+        .sum()
+}
+
+#[test]
+fn splice_and_plain_paths_serve_identical_bytes() {
+    use shardlog_broker::config::FetchPath;
+    let mut served = Vec::new();
+    for path in [FetchPath::Splice, FetchPath::Plain] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = BrokerConfig::new(dir.path().to_path_buf(), "127.0.0.1:0".parse().expect("addr"));
+        config.shards = 2;
+        config.pin_cores = false;
+        config.fetch_path = path;
+        config.admin_listen = Some("127.0.0.1:0".parse().expect("addr"));
+        config.topic_defaults.segment_bytes = 256 << 10; // several segment rolls
+        let handle = start(config).expect("broker starts");
+        let mut c = Conn::open(handle.ready.listen.port());
+        assert_eq!(c.create_topic("z", 1), ErrorCode::None);
+        let mut expected = Vec::new();
+        for i in 0..40 {
+            let vals: Vec<String> = (0..20).map(|j| format!("{i}-{j}-{}", "x".repeat(1000))).collect();
+            let refs: Vec<&str> = vals.iter().map(String::as_str).collect();
+            c.produce("z", 0, &batch_of(&refs));
+            expected.extend(vals);
+        }
+        let mut got = Vec::new();
+        let mut raw = Vec::new();
+        let mut next = 0i64;
+        while (next as usize) < expected.len() {
+            let (err, data, _) = c.fetch("z", 0, next, 0);
+            assert_eq!(err, ErrorCode::None);
+            raw.extend_from_slice(&data);
+            for (offset, v) in values(&data) {
+                if offset as i64 >= next {
+                    got.push(String::from_utf8(v).expect("utf8"));
+                    next = offset as i64 + 1;
+                }
+            }
+        }
+        assert_eq!(got, expected, "{path:?} served different records");
+        let metrics = scrape(handle.ready.admin.expect("admin listener"));
+        let (splice, plain) = (
+            counter(&metrics, "fetch_bytes_total", "path=\"splice\""),
+            counter(&metrics, "fetch_bytes_total", "path=\"plain\""),
+        );
+        match path {
+            FetchPath::Splice => assert!(splice > 0 && plain == 0, "splice {splice} plain {plain}"),
+            FetchPath::Plain => assert!(plain > 0 && splice == 0, "splice {splice} plain {plain}"),
+        }
+        assert_eq!(counter(&metrics, "produce_requests_total", ""), 40);
+        served.push(raw);
+        handle.shutdown().expect("clean shutdown");
+    }
+    assert!(served[0] == served[1], "splice and plain responses differ byte for byte");
+}
