@@ -15,13 +15,15 @@
 //! ```
 //!
 //! Write path (group commit). `append` validates, stamps and copies the
-//! batches into the active segment's fill buffer (an aligned `DmaBuffer`
-//! that starts with the partial last block already on disk), queues a slot
-//! and waits on it. One write task at a time takes the whole fill buffer,
-//! pads it to the block size and writes it with one O_DIRECT write at the
-//! block-aligned position; the partial last block is carried into the next
-//! fill buffer and rewritten by the next write. Appends that arrive while a
-//! write is in flight pile up in the new fill buffer and go out together.
+//! batches into the active segment's fill buffer (a queue of 1 MiB aligned
+//! `DmaBuffer` chunks that starts with the partial last block already on
+//! disk), queues a slot and waits on it. One write task at a time takes the
+//! first chunk when it is full, or else the last partial chunk padded to the
+//! block size, and writes it with one O_DIRECT write at its block-aligned
+//! position; a partial last block is carried into the next chunk and
+//! rewritten by the next write. Appends that arrive while a write is in
+//! flight fill the next chunks and go out together, and a full chunk is
+//! ready the moment the previous write completes.
 //! A separate sync task issues `fdatasync` (one covers every append written
 //! before it started), so a write and a sync overlap.
 //!
@@ -68,8 +70,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Alignment of every O_DIRECT write (at least the device's logical block).
 const BLOCK_BYTES_MIN: u64 = 4096;
-/// Initial fill buffer size; it grows to what one group needs.
-const FILL_BYTES_MIN: usize = 1 << 20;
+/// The fill buffer is a queue of aligned chunks of this size. A write takes
+/// one full chunk (or the last, partial one), so while it is in flight the
+/// next chunks keep filling and the next write is ready when it completes.
+const CHUNK_BYTES: usize = 1 << 20;
+/// Written chunks kept for reuse (no fresh allocation, no page faults).
+const SPARE_CHUNKS_MAX: usize = 4;
 /// Appends wait (back-pressure) while this many bytes are not yet written.
 const UNWRITTEN_BYTES_MAX: u64 = 32 << 20;
 /// Largest single `append` call.
@@ -78,12 +84,15 @@ pub const APPEND_BYTES_MAX: usize = 64 << 20;
 const PREALLOC_BYTES_STEP: u64 = 64 << 20;
 /// Positions in a segment are u32 in the index; keep clear of the edge.
 const SEGMENT_BYTES_CAP: u64 = (1 << 31) - APPEND_BYTES_MAX as u64;
+/// Read handles of sealed segments kept open (the `.log` and `.index` each count).
+const OPEN_READERS_MAX: usize = 128;
 const CLEAN_SHUTDOWN_FILE: &str = ".clean_shutdown";
 const METADATA_FILE: &str = "partition.metadata";
 const METADATA_VERSION: u64 = 1;
 
 const _: () = assert!(APPEND_BYTES_MAX as u64 <= SEGMENT_BYTES_CAP);
-const _: () = assert!(FILL_BYTES_MIN as u64 <= UNWRITTEN_BYTES_MAX);
+const _: () = assert!(CHUNK_BYTES as u64 <= UNWRITTEN_BYTES_MAX);
+const _: () = assert!(CHUNK_BYTES % BLOCK_BYTES_MIN as usize == 0);
 
 /// What an append was assigned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,6 +212,10 @@ struct State {
     last_sync_ms: i64,
     bytes_since_sync: u64,
     stats: LogStats,
+    /// Sealed segments with an open read handle, oldest first: `(base, is_index)`.
+    /// Bounded by [`OPEN_READERS_MAX`] so thousands of segments do not hold
+    /// thousands of fds.
+    open_readers: VecDeque<(u64, bool)>,
 }
 
 /// Metadata of a batch copied into the fill buffer but not yet written.
@@ -210,6 +223,8 @@ struct BatchMeta {
     rel_offset: u32,
     pos: u64,
     end: u64,
+    /// Offset after the batch.
+    next: u64,
     first_ts: i64,
     max_ts: i64,
 }
@@ -228,11 +243,14 @@ struct Active {
     durable_next: u64,
     /// File size after preallocation.
     allocated: u64,
-    /// Bytes `[fill_start, fill_start + fill_len)` of the segment; `fill_start`
-    /// is block-aligned and `fill_start + fill_len == end_pos`.
-    fill: DmaBuffer,
+    /// Bytes `[fill_start, fill_start + fill_len)` of the segment, in
+    /// `CHUNK_BYTES` chunks (chunk `i` starts at `fill_start + i * CHUNK_BYTES`);
+    /// `fill_start` is block-aligned and `fill_start + fill_len == end_pos`.
+    /// The first bytes may be the already-written partial last block.
+    fill: VecDeque<DmaBuffer>,
     fill_start: u64,
     fill_len: usize,
+    spare: Vec<DmaBuffer>,
     unwritten_batches: VecDeque<BatchMeta>,
     index: IndexBuilder,
     /// Copy of `[tail_start, written_pos)`, the written partial last block.
@@ -246,8 +264,10 @@ struct WriteJob {
     path: PathBuf,
     buf: Rc<DmaBuffer>,
     pos: u64,
-    end_pos: u64,
-    end_next: u64,
+    /// End of the real data in `buf` (the rest is padding).
+    data_end: u64,
+    /// `buf` is a whole, untrimmed chunk that can be reused.
+    reusable: bool,
     prealloc_to: Option<u64>,
 }
 
@@ -314,7 +334,7 @@ impl Log {
                 {
                     None // back-pressure: wait for the write in flight
                 } else {
-                    Some(st.enqueue(sh, batches, &headers, leader_epoch, durable))
+                    Some(st.enqueue(batches, &headers, leader_epoch, durable))
                 }
             };
             match slot_and_info {
@@ -511,6 +531,19 @@ impl State {
         Ok(())
     }
 
+    /// Records an open sealed-segment handle; closes the oldest beyond the
+    /// bound (reads still holding one keep its fd until they finish).
+    fn note_open_reader(&mut self, base: u64, index: bool) {
+        self.open_readers.push_back((base, index));
+        while self.open_readers.len() > OPEN_READERS_MAX {
+            let (old, old_index) = self.open_readers.pop_front().expect("non-empty");
+            if let Ok(j) = self.closed.binary_search_by_key(&old, |s| s.base) {
+                let s = &mut self.closed[j];
+                *(if old_index { &mut s.index_reader } else { &mut s.reader }) = None;
+            }
+        }
+    }
+
     fn start_offset(&self) -> u64 {
         self.closed.front().map_or(self.active.base, |s| s.base)
     }
@@ -541,7 +574,6 @@ impl State {
     /// and queues the caller's slot.
     fn enqueue(
         &mut self,
-        sh: &Shared,
         batches: &[u8],
         headers: &[BatchHeader],
         leader_epoch: i32,
@@ -549,32 +581,32 @@ impl State {
     ) -> (Rc<AppendSlot>, AppendInfo) {
         let start_offset = self.start_offset();
         let a = &mut self.active;
-        let need = a.fill_len + batches.len();
-        if need > a.fill.len() {
-            let cap = align_up(need.max(2 * a.fill.len()) as u64, sh.block) as usize;
-            let mut bigger = a.file.alloc_dma_buffer(cap);
-            bigger.as_bytes_mut()[..a.fill_len].copy_from_slice(&a.fill.as_bytes()[..a.fill_len]);
-            a.fill = bigger;
-        }
-        let dst = &mut a.fill.as_bytes_mut()[a.fill_len..need];
-        dst.copy_from_slice(batches);
+        let start = a.fill_len;
+        a.fill_copy(start, batches);
         let base_offset = a.next_offset;
         let (mut offset, mut at) = (base_offset, 0usize);
         for h in headers {
             let len = h.total_bytes();
-            batch::stamp(&mut dst[at..at + len], offset, leader_epoch);
+            // Stamp the copy: the stamped fields sit in the first 16 bytes,
+            // which may straddle two chunks.
+            let mut head = [0u8; 16];
+            head.copy_from_slice(&batches[at..at + 16]);
+            batch::stamp(&mut head, offset, leader_epoch);
+            a.fill_copy(start + at, &head);
+            let next = offset + u64::from(h.last_offset_delta) + 1;
             a.unwritten_batches.push_back(BatchMeta {
                 rel_offset: u32::try_from(offset - a.base).expect("roll keeps relative offsets in u32"),
                 pos: a.end_pos + at as u64,
                 end: a.end_pos + (at + len) as u64,
+                next,
                 first_ts: h.first_timestamp,
                 max_ts: h.max_timestamp,
             });
-            offset += u64::from(h.last_offset_delta) + 1;
+            offset = next;
             at += len;
         }
         assert!(offset > a.next_offset, "offsets only grow");
-        a.fill_len = need;
+        a.fill_len = start + batches.len();
         a.end_pos += batches.len() as u64;
         a.next_offset = offset;
         self.stats.appends += 1;
@@ -589,28 +621,42 @@ impl State {
         (slot, info)
     }
 
-    /// Takes everything in the fill buffer as one aligned write.
+    /// Takes the next aligned write: the first chunk when it is full and more
+    /// follows, otherwise the last, partial chunk padded to the block size
+    /// (its partial last block is carried over and rewritten next time).
     fn take_write_job(&mut self, sh: &Shared) -> Option<WriteJob> {
         if self.failed.is_some() {
             return None;
         }
         let block = sh.block;
         let a = &mut self.active;
-        if a.end_pos == a.written_pos {
+        if a.unwritten_batches.is_empty() {
             return None;
         }
-        let data_len = a.fill_len;
-        let len = align_up(data_len as u64, block) as usize;
-        let next_cap = align_up(FILL_BYTES_MIN.max(len) as u64, block) as usize;
-        let mut buf = std::mem::replace(&mut a.fill, a.file.alloc_dma_buffer(next_cap));
-        buf.as_bytes_mut()[data_len..len].fill(0);
-        buf.trim_to_size(len);
-        let keep_from = align_down(data_len as u64, block) as usize;
-        let carry = data_len - keep_from;
-        a.fill.as_bytes_mut()[..carry].copy_from_slice(&buf.as_bytes()[keep_from..data_len]);
         let pos = a.fill_start;
-        a.fill_start += keep_from as u64;
-        a.fill_len = carry;
+        let (buf, len, data_len, reusable) = if a.fill_len > CHUNK_BYTES {
+            let buf = a.fill.pop_front().expect("a full chunk");
+            a.fill_start += CHUNK_BYTES as u64;
+            a.fill_len -= CHUNK_BYTES;
+            (buf, CHUNK_BYTES, CHUNK_BYTES, true)
+        } else {
+            let data_len = a.fill_len;
+            let len = align_up(data_len as u64, block) as usize;
+            let mut buf = a.fill.pop_front().expect("the fill holds the unwritten data");
+            buf.as_bytes_mut()[data_len..len].fill(0);
+            let reusable = len == CHUNK_BYTES;
+            buf.trim_to_size(len);
+            let keep_from = align_down(data_len as u64, block) as usize;
+            let carry = data_len - keep_from;
+            if carry > 0 {
+                let mut next = a.chunk();
+                next.as_bytes_mut()[..carry].copy_from_slice(&buf.as_bytes()[keep_from..data_len]);
+                a.fill.push_front(next);
+            }
+            a.fill_start += keep_from as u64;
+            a.fill_len = carry;
+            (buf, len, data_len, reusable)
+        };
         let write_end = pos + len as u64;
         let prealloc_to = (write_end > a.allocated).then(|| {
             let segment_bytes = align_up(sh.config.segment_bytes.min(SEGMENT_BYTES_CAP), block);
@@ -622,35 +668,45 @@ impl State {
             path: a.path.clone(),
             buf: Rc::new(buf),
             pos,
-            end_pos: a.end_pos,
-            end_next: a.next_offset,
+            data_end: pos + data_len as u64,
+            reusable,
             prealloc_to,
         })
     }
 
-    fn complete_write(&mut self, sh: &Shared, job: &WriteJob) {
+    fn complete_write(&mut self, sh: &Shared, job: WriteJob) {
         let block = sh.block;
         let a = &mut self.active;
         assert_eq!(a.base, job.base, "a write completes on the segment it was issued for");
-        assert!(job.end_pos >= a.written_pos, "written position goes forward");
-        let newly = job.end_pos - a.written_pos;
-        a.written_pos = job.end_pos;
-        a.written_next = job.end_next;
+        let before = a.written_pos;
+        // Whole batches now on disk advance the written position.
         while let Some(m) = a.unwritten_batches.front() {
-            if m.end > a.written_pos {
+            if m.end > job.data_end {
                 break;
             }
+            assert!(m.end > a.written_pos, "written position goes forward");
             a.index.on_batch(m.rel_offset, m.pos, m.first_ts, m.max_ts);
+            a.written_pos = m.end;
+            a.written_next = m.next;
             a.unwritten_batches.pop_front();
         }
-        a.tail_start = align_down(a.written_pos, block);
         let bytes = job.buf.as_bytes();
-        a.tail.clear();
-        a.tail
-            .extend_from_slice(&bytes[(a.tail_start - job.pos) as usize..(a.written_pos - job.pos) as usize]);
+        if a.written_pos != before {
+            a.tail_start = align_down(a.written_pos, block);
+            assert!(a.tail_start >= job.pos, "the new partial block is in this write");
+            a.tail.clear();
+            a.tail.extend_from_slice(
+                &bytes[(a.tail_start - job.pos) as usize..(a.written_pos - job.pos) as usize],
+            );
+        }
         self.stats.writes += 1;
         self.stats.bytes_written += bytes.len() as u64;
-        self.bytes_since_sync += newly;
+        self.bytes_since_sync += a.written_pos - before;
+        if job.reusable && a.spare.len() < SPARE_CHUNKS_MAX {
+            if let Ok(buf) = Rc::try_unwrap(job.buf) {
+                a.spare.push(buf);
+            }
+        }
         let written = a.written_pos;
         while self.unwritten.front().is_some_and(|w| w.end_pos <= written) {
             let w = self.unwritten.pop_front().expect("front exists");
@@ -663,7 +719,7 @@ impl State {
     }
 
     /// A write failed: forget everything not yet written and fail its appends.
-    fn fail_write(&mut self, sh: &Shared, job: &WriteJob, err: LogError) {
+    fn fail_write(&mut self, sh: &Shared, job: WriteJob, err: LogError) {
         let a = &mut self.active;
         assert_eq!(a.base, job.base, "a write fails on the segment it was issued for");
         tracing::warn!(
@@ -674,8 +730,10 @@ impl State {
         a.end_pos = a.written_pos;
         a.next_offset = a.written_next;
         a.unwritten_batches.clear();
-        a.fill = a.file.alloc_dma_buffer(FILL_BYTES_MIN.max(sh.block as usize));
-        a.fill.as_bytes_mut()[..a.tail.len()].copy_from_slice(&a.tail);
+        a.fill.clear();
+        let mut first = a.chunk();
+        first.as_bytes_mut()[..a.tail.len()].copy_from_slice(&a.tail);
+        a.fill.push_back(first);
         a.fill_start = a.tail_start;
         a.fill_len = a.tail.len();
         for w in self.unwritten.drain(..) {
@@ -760,8 +818,8 @@ async fn write_task(sh: Rc<Shared>) {
         {
             let mut st = sh.st.borrow_mut();
             match result {
-                Ok(()) => st.complete_write(&sh, &job),
-                Err(e) => st.fail_write(&sh, &job, e),
+                Ok(()) => st.complete_write(&sh, job),
+                Err(e) => st.fail_write(&sh, job, e),
             }
         }
         sh.changed.notify_all();
@@ -924,6 +982,7 @@ async fn roll(sh: &Rc<Shared>) -> Result<(), LogError> {
         );
         st.closed_bytes += summary.log_bytes;
         st.closed.push_back(ClosedSegment::new(old.base, summary, Some(old.reader.clone())));
+        st.note_open_reader(old.base, false);
         old
     };
     tracing::debug!(dir = %sh.dir.display(), sealed = old.base, next, "rolled segment");
@@ -1008,8 +1067,9 @@ impl Active {
         let end = scan.valid_bytes;
         let tail_start = align_down(end, block);
         assert_eq!(tail.len() as u64, end - tail_start, "tail is the partial last block");
-        let mut fill = file.alloc_dma_buffer(FILL_BYTES_MIN);
-        fill.as_bytes_mut()[..tail.len()].copy_from_slice(&tail);
+        let mut first = file.alloc_dma_buffer(CHUNK_BYTES);
+        first.as_bytes_mut()[..tail.len()].copy_from_slice(&tail);
+        let fill = VecDeque::from([first]);
         Active {
             base,
             path,
@@ -1026,10 +1086,33 @@ impl Active {
             fill_len: tail.len(),
             fill,
             fill_start: tail_start,
+            spare: Vec::new(),
             unwritten_batches: VecDeque::new(),
             index: scan.index,
             tail,
             tail_start,
+        }
+    }
+}
+
+impl Active {
+    /// A chunk for the fill buffer, reused when possible.
+    fn chunk(&mut self) -> DmaBuffer {
+        self.spare.pop().unwrap_or_else(|| self.file.alloc_dma_buffer(CHUNK_BYTES))
+    }
+
+    /// Copies `bytes` into the fill buffer at fill offset `at`, adding chunks.
+    fn fill_copy(&mut self, mut at: usize, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let (i, off) = (at / CHUNK_BYTES, at % CHUNK_BYTES);
+            while self.fill.len() <= i {
+                let c = self.chunk();
+                self.fill.push_back(c);
+            }
+            let n = (CHUNK_BYTES - off).min(bytes.len());
+            self.fill[i].as_bytes_mut()[off..off + n].copy_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+            at += n;
         }
     }
 }

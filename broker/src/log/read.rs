@@ -61,11 +61,14 @@ pub(super) async fn segment_reader(sh: &Shared, base: u64, index: bool) -> Resul
     let path = segment::segment_path(&sh.dir, base, if index { INDEX_EXT } else { LOG_EXT });
     let f = Rc::new(SegmentFile::open(&path).await?);
     let mut st = sh.st.borrow_mut();
-    if let Ok(i) = st.closed.binary_search_by_key(&base, |s| s.base) {
-        let s = &mut st.closed[i];
-        let cell = if index { &mut s.index_reader } else { &mut s.reader };
-        return Ok(cell.get_or_insert(f).clone());
+    let Ok(i) = st.closed.binary_search_by_key(&base, |s| s.base) else { return Ok(f) };
+    let s = &mut st.closed[i];
+    let cell = if index { &mut s.index_reader } else { &mut s.reader };
+    if let Some(existing) = cell {
+        return Ok(existing.clone());
     }
+    *cell = Some(f.clone());
+    st.note_open_reader(base, index);
     Ok(f)
 }
 

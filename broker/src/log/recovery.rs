@@ -200,6 +200,7 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig) -> Result<Log, LogEr
             last_sync_ms: now_ms(),
             bytes_since_sync: 0,
             stats: LogStats::default(),
+            open_readers: VecDeque::new(),
         }),
         changed: Notify::default(),
     });
