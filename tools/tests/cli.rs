@@ -13,7 +13,7 @@ const COMMAND_DEADLINE: Duration = Duration::from_secs(60);
 struct Broker {
     child: Child,
     listen: String,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Broker {
@@ -35,7 +35,7 @@ impl Broker {
             .find_map(|w| w.strip_prefix("listen="))
             .unwrap_or_else(|| panic!("no listen= in {line:?}"))
             .to_string();
-        Broker { child, listen, _dir: dir }
+        Broker { child, listen, dir }
     }
 
     fn cli(&self, args: &[&str]) -> Command {
@@ -268,4 +268,19 @@ fn consume_follows_until_interrupted() {
         assert!(Instant::now() < deadline, "consume did not stop on SIGINT");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+#[test]
+fn log_dump_prints_the_batches_of_a_segment() {
+    let broker = Broker::start();
+    broker.ok(&["topic", "create", "dumped"], "");
+    broker.ok(&["produce", "dumped"], "first\nsecond\n");
+    let dir = broker.dir.path().join("dumped-0");
+    let segment = std::fs::read_dir(&dir)
+        .expect("partition directory")
+        .map(|e| e.expect("entry").path())
+        .find(|p| p.extension().is_some_and(|e| e == "log"))
+        .expect("a .log segment");
+    let out = broker.ok(&["log", "dump", segment.to_str().expect("utf8"), "--records"], "");
+    assert!(out.contains("first") && out.contains("second"), "{out}");
 }
