@@ -14,11 +14,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let count: u64 = count.parse()?;
     let value = bytes::Bytes::from(vec![b'x'; size.parse()?]);
     let producer =
-        Producer::new(ProducerConfig { client: ClientConfig::new(bootstrap.clone()), ..Default::default() }).await?;
+        Producer::new(ProducerConfig { client: ClientConfig::new(bootstrap.clone()), ..Default::default() })
+            .await?;
     let start = Instant::now();
     let mut last = None;
     for _ in 0..count {
-        last = Some(producer.send(ProducerRecord::new(topic.clone(), value.clone()).with_partition(0)).await?);
+        last =
+            Some(producer.send(ProducerRecord::new(topic.clone(), value.clone()).with_partition(0)).await?);
     }
     producer.flush().await?;
     if let Some(last) = last {
