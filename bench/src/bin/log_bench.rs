@@ -158,7 +158,7 @@ where
     Fut: std::future::Future<Output = T> + 'static,
 {
     glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .spawn(move || f())
+        .spawn(f)
         .expect("executor")
         .join()
         .expect("join")

@@ -92,7 +92,7 @@ const METADATA_VERSION: u64 = 1;
 
 const _: () = assert!(APPEND_BYTES_MAX as u64 <= SEGMENT_BYTES_CAP);
 const _: () = assert!(CHUNK_BYTES as u64 <= UNWRITTEN_BYTES_MAX);
-const _: () = assert!(CHUNK_BYTES % BLOCK_BYTES_MIN as usize == 0);
+const _: () = assert!(CHUNK_BYTES & (BLOCK_BYTES_MIN as usize - 1) == 0);
 
 /// What an append was assigned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
