@@ -1,0 +1,373 @@
+//! The load generator's timing core, independent of the client library.
+//!
+//! **Open loop**: message `i` of a producer has an *intended* send time
+//! `start + i / rate`. The producer sleeps until that instant, sends, and the
+//! latency of the message is measured from the intended time, not from the
+//! moment `send` was finally called. A stalled sender therefore shows up in
+//! the latency of every message that queued behind the stall (no coordinated
+//! omission).
+//!
+//! **Closed loop**: the intended time is "now" at each send; the producer sends
+//! as fast as the client's back-pressure allows.
+//!
+//! Acknowledgements are awaited by a separate collector task so that the
+//! completion instant is taken when the ack arrives, even while the sending
+//! loop is blocked on back-pressure.
+
+use crate::hist::LatencyHist;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Nanoseconds of `CLOCK_MONOTONIC`: the same clock for every process on the
+/// host, so a timestamp written by a producer can be read by any consumer.
+#[must_use]
+pub fn mono_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC) cannot fail");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Maps `Instant`s to `mono_ns` values (both are CLOCK_MONOTONIC on Linux;
+/// the pair pins the offset once).
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    base: Instant,
+    base_ns: u64,
+}
+
+impl Clock {
+    #[must_use]
+    pub fn new() -> Self {
+        Clock { base: Instant::now(), base_ns: mono_ns() }
+    }
+
+    #[must_use]
+    pub fn ns(&self, at: Instant) -> u64 {
+        match at.checked_duration_since(self.base) {
+            Some(d) => self.base_ns + d.as_nanos() as u64,
+            None => self.base_ns - (self.base - at).as_nanos() as u64,
+        }
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// When each message is meant to be sent.
+#[derive(Clone, Copy, Debug)]
+pub enum Schedule {
+    /// As fast as possible: each message is intended "now".
+    ClosedLoop,
+    /// `rate_per_s` messages per second from `start`.
+    OpenLoop { start: Instant, rate_per_s: f64 },
+}
+
+impl Schedule {
+    /// Intended send instant of message `seq`, or `None` for "now".
+    #[must_use]
+    pub fn intended(&self, seq: u64) -> Option<Instant> {
+        match *self {
+            Schedule::ClosedLoop => None,
+            Schedule::OpenLoop { start, rate_per_s } => {
+                Some(start + Duration::from_secs_f64(seq as f64 / rate_per_s))
+            }
+        }
+    }
+}
+
+/// Per-second counters shared by the tasks of a run and read by the progress
+/// bar and the report. This is the load generator, not the broker: shared
+/// atomics are fine here.
+pub struct Counters {
+    start: Instant,
+    pub sent_msgs: Vec<AtomicU64>,
+    pub sent_bytes: Vec<AtomicU64>,
+    pub acked_msgs: Vec<AtomicU64>,
+    pub recv_msgs: Vec<AtomicU64>,
+    pub recv_bytes: Vec<AtomicU64>,
+    pub errors: AtomicU64,
+}
+
+/// Bound on the length of a run's per-second series.
+pub const SERIES_SECONDS_MAX: usize = 4 * 3_600;
+
+impl Counters {
+    #[must_use]
+    pub fn new(start: Instant) -> Self {
+        let v = || (0..SERIES_SECONDS_MAX).map(|_| AtomicU64::new(0)).collect::<Vec<_>>();
+        Counters {
+            start,
+            sent_msgs: v(),
+            sent_bytes: v(),
+            acked_msgs: v(),
+            recv_msgs: v(),
+            recv_bytes: v(),
+            errors: AtomicU64::new(0),
+        }
+    }
+
+    #[must_use]
+    pub fn start(&self) -> Instant {
+        self.start
+    }
+
+    fn slot(&self, at: Instant) -> usize {
+        (at.saturating_duration_since(self.start).as_secs() as usize).min(SERIES_SECONDS_MAX - 1)
+    }
+
+    pub fn add(series: &[AtomicU64], slot: usize, n: u64) {
+        series[slot].fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn on_sent(&self, bytes: u64) {
+        let s = self.slot(Instant::now());
+        Self::add(&self.sent_msgs, s, 1);
+        Self::add(&self.sent_bytes, s, bytes);
+    }
+
+    pub fn on_acked(&self, at: Instant) {
+        Self::add(&self.acked_msgs, self.slot(at), 1);
+    }
+
+    pub fn on_received(&self, msgs: u64, bytes: u64) {
+        let s = self.slot(Instant::now());
+        Self::add(&self.recv_msgs, s, msgs);
+        Self::add(&self.recv_bytes, s, bytes);
+    }
+
+    /// Sum of `series` over all seconds.
+    #[must_use]
+    pub fn total(series: &[AtomicU64]) -> u64 {
+        series.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
+    /// `series` for seconds `0..secs`.
+    #[must_use]
+    pub fn snapshot(series: &[AtomicU64], secs: usize) -> Vec<u64> {
+        series[..secs.min(SERIES_SECONDS_MAX)].iter().map(|c| c.load(Ordering::Relaxed)).collect()
+    }
+}
+
+/// What the sending loop needs from a producer. `send` may wait for buffer
+/// space (back-pressure); the returned future resolves on acknowledgement.
+pub trait Sender: Send {
+    type Ack: Future<Output = anyhow::Result<()>> + Send + 'static;
+    /// Sends message `seq` whose payload carries `intended_ns`.
+    fn send(
+        &mut self,
+        seq: u64,
+        intended_ns: u64,
+    ) -> impl Future<Output = anyhow::Result<(Self::Ack, u64)>> + Send;
+}
+
+/// Settings of one producer loop.
+#[derive(Clone, Copy, Debug)]
+pub struct LoopConfig {
+    pub schedule: Schedule,
+    /// Latencies of messages intended before this instant are not recorded.
+    pub measure_from: Instant,
+    /// No message intended at or after this instant is sent.
+    pub stop_at: Instant,
+    /// Upper bound on messages to send (backlog phases); `u64::MAX` for none.
+    pub msgs_max: u64,
+    /// Acks awaited concurrently by the collector before the loop waits.
+    pub outstanding_max: usize,
+}
+
+/// Result of one producer loop.
+pub struct LoopResult {
+    pub sent: u64,
+    pub acked: u64,
+    pub errors: u64,
+    pub publish: LatencyHist,
+}
+
+/// Runs one producer: paces sends by `cfg.schedule`, hands each ack to a
+/// collector task that records `ack instant - intended instant`.
+pub async fn run_producer<S: Sender>(
+    mut sender: S,
+    cfg: LoopConfig,
+    clock: Clock,
+    counters: Arc<Counters>,
+    abort: Arc<AtomicBool>,
+) -> anyhow::Result<LoopResult> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<(Instant, S::Ack)>(cfg.outstanding_max.max(1));
+    let collector = tokio::spawn(collect_acks(rx, cfg.measure_from, counters.clone()));
+    let mut seq = 0u64;
+    while seq < cfg.msgs_max && !abort.load(Ordering::Relaxed) {
+        let intended = match cfg.schedule.intended(seq) {
+            Some(at) => {
+                if at >= cfg.stop_at {
+                    break;
+                }
+                tokio::time::sleep_until(at.into()).await;
+                at
+            }
+            None => {
+                let now = Instant::now();
+                if now >= cfg.stop_at {
+                    break;
+                }
+                now
+            }
+        };
+        let (ack, bytes) = sender.send(seq, clock.ns(intended)).await?;
+        counters.on_sent(bytes);
+        if tx.send((intended, ack)).await.is_err() {
+            break;
+        }
+        seq += 1;
+    }
+    drop(tx);
+    let (acked, errors, publish) = collector.await?;
+    Ok(LoopResult { sent: seq, acked, errors, publish })
+}
+
+async fn collect_acks<A>(
+    mut rx: tokio::sync::mpsc::Receiver<(Instant, A)>,
+    measure_from: Instant,
+    counters: Arc<Counters>,
+) -> (u64, u64, LatencyHist)
+where
+    A: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let mut hist = LatencyHist::new();
+    let mut pending = FuturesUnordered::new();
+    let (mut acked, mut errors) = (0u64, 0u64);
+    let mut open = true;
+    let mut first_error: Option<String> = None;
+    while open || !pending.is_empty() {
+        tokio::select! {
+            msg = rx.recv(), if open => match msg {
+                Some((intended, ack)) => pending.push(async move {
+                    let r = ack.await;
+                    (intended, Instant::now(), r)
+                }),
+                None => open = false,
+            },
+            Some((intended, done, r)) = pending.next(), if !pending.is_empty() => match r {
+                Ok(()) => {
+                    acked += 1;
+                    counters.on_acked(done);
+                    if intended >= measure_from {
+                        hist.record_ns(done.saturating_duration_since(intended).as_nanos() as u64);
+                    }
+                }
+                Err(e) => {
+                    errors += 1;
+                    counters.errors.fetch_add(1, Ordering::Relaxed);
+                    first_error.get_or_insert_with(|| format!("{e:#}"));
+                }
+            },
+        }
+    }
+    if let Some(e) = first_error {
+        eprintln!("shardlog-bench: {errors} sends failed; first error: {e}");
+    }
+    (acked, errors, hist)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake producer whose acks complete after a fixed service time, with
+    /// one deliberate stall: `send` blocks for `stall` at message `stall_at`
+    /// (as a client blocked on back-pressure would).
+    struct FakeSender {
+        service: Duration,
+        stall_at: u64,
+        stall: Duration,
+    }
+
+    impl Sender for FakeSender {
+        type Ack = std::pin::Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
+        fn send(
+            &mut self,
+            seq: u64,
+            _intended_ns: u64,
+        ) -> impl Future<Output = anyhow::Result<(Self::Ack, u64)>> + Send {
+            let (service, stall) =
+                (self.service, if seq == self.stall_at { self.stall } else { Duration::ZERO });
+            async move {
+                if !stall.is_zero() {
+                    tokio::time::sleep(stall).await;
+                }
+                let ack: Self::Ack = Box::pin(async move {
+                    tokio::time::sleep(service).await;
+                    Ok(())
+                });
+                Ok((ack, 100))
+            }
+        }
+    }
+
+    async fn run(schedule: Schedule, start: Instant, stall: Duration) -> LoopResult {
+        let counters = Arc::new(Counters::new(start));
+        let cfg = LoopConfig {
+            schedule,
+            measure_from: start,
+            stop_at: start + Duration::from_millis(1_000),
+            msgs_max: 1_000,
+            outstanding_max: 10_000,
+        };
+        let sender = FakeSender { service: Duration::from_millis(1), stall_at: 200, stall };
+        run_producer(sender, cfg, Clock::new(), counters, Arc::new(AtomicBool::new(false))).await.unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn open_loop_shows_a_stall_in_the_latency_of_the_messages_behind_it() {
+        let start = Instant::now();
+        let stall = Duration::from_millis(300);
+        // 1,000 msgs/s: the 300 ms stall delays ~300 intended sends.
+        let r = run(Schedule::OpenLoop { start, rate_per_s: 1_000.0 }, start, stall).await;
+        assert_eq!(r.acked, r.sent);
+        assert!(r.sent >= 900, "sent {}", r.sent);
+        let s = r.publish.summary();
+        assert!(s.max_us >= 300_000.0, "max {} us must include the stall", s.max_us);
+        // About 30 % of the messages queued behind the stall: p50 is ordinary
+        // but p90 is not.
+        assert!(s.p50_us < 150_000.0, "p50 {}", s.p50_us);
+        let p90 = s.curve.iter().find(|(p, _)| (*p - 90.0).abs() < 1e-9).unwrap().1;
+        assert!(p90 >= 50_000.0, "p90 {p90} us must show the messages queued behind the stall");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn closed_loop_charges_a_stall_to_one_message_only_which_is_why_open_loop_exists() {
+        let start = Instant::now();
+        let r = run(Schedule::ClosedLoop, start, Duration::from_millis(300)).await;
+        let s = r.publish.summary();
+        assert_eq!(r.acked, 1_000);
+        // The stalled send itself is charged, but nothing queued behind it.
+        assert!(s.max_us >= 300_000.0, "closed loop max {} us", s.max_us);
+        assert!(s.p99_us < 100_000.0, "closed loop p99 {} us", s.p99_us);
+        assert!(s.p50_us >= 1_000.0, "service time is at least 1 ms: {}", s.p50_us);
+    }
+
+    #[test]
+    fn open_loop_intended_times_are_evenly_spaced() {
+        let start = Instant::now();
+        let s = Schedule::OpenLoop { start, rate_per_s: 4.0 };
+        assert_eq!(s.intended(0), Some(start));
+        assert_eq!(s.intended(6), Some(start + Duration::from_millis(1_500)));
+        assert!(Schedule::ClosedLoop.intended(7).is_none());
+    }
+
+    #[test]
+    fn clock_maps_instants_to_monotonic_ns() {
+        let c = Clock::new();
+        let now = Instant::now();
+        let a = c.ns(now);
+        let b = mono_ns();
+        assert!(b >= a && b - a < 50_000_000, "{a} {b}");
+        assert_eq!(c.ns(now + Duration::from_millis(3)) - a, 3_000_000);
+    }
+}
