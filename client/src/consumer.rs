@@ -294,12 +294,11 @@ impl Consumer {
         let mut current = Vec::with_capacity(outcome.sent.len());
         for (t, p, generation) in &outcome.sent {
             if let Some(s) = self.parts.get_mut(&(t.clone(), *p)) {
+                // This partition's fetch is over either way; an answer from
+                // before a seek is dropped (its generation is stale).
+                s.in_flight = false;
                 if s.generation == *generation {
-                    s.in_flight = false;
                     current.push((t.clone(), *p));
-                } else if s.leader.as_deref() == Some(outcome.addr.as_str()) {
-                    // Seeked meanwhile: the answer is stale, but the slot is free.
-                    s.in_flight = false;
                 }
             }
         }

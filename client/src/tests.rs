@@ -242,6 +242,13 @@ async fn consumer_seeks_by_offset_timestamp_and_latest() {
     assert!(c.poll(Duration::from_millis(100)).await.expect("poll").is_empty());
     c.seek("t", 0, SeekTo::Timestamp(999_999)).await.expect("seek");
     assert_eq!(c.position("t", 0), Some(10), "past the last timestamp means the log end");
+    // A fetch may still be outstanding from the empty poll; its answer must not count.
+    c.seek("t", 0, SeekTo::Offset(2)).await.expect("seek");
+    let mut got = Vec::new();
+    while got.len() < 8 {
+        got.extend(c.poll(Duration::from_secs(2)).await.expect("poll"));
+    }
+    assert_eq!(got.iter().map(|r| r.offset).collect::<Vec<_>>(), (2..10).collect::<Vec<_>>());
     let err = c.assign(&[("missing".into(), 0)], SeekTo::Earliest).await.expect_err("unknown");
     assert!(matches!(err, ClientError::UnknownTopic(_)), "{err}");
 }
@@ -268,4 +275,15 @@ async fn admin_creates_lists_and_describes() {
     admin.delete_topic("a").await.expect("delete");
     assert_eq!(admin.list_topics().await.expect("list"), vec!["b".to_string()]);
     assert!(matches!(admin.delete_topic("a").await, Err(ClientError::UnknownTopic(_))));
+}
+
+#[test]
+fn handles_are_thread_safe() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Producer>();
+    send_sync::<Admin>();
+    send::<Consumer>();
+    send::<DeliveryFuture>();
+    send_sync::<ClientError>();
 }

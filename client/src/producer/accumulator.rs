@@ -23,6 +23,28 @@ const UNKNOWN_TOPIC_TTL: Duration = Duration::from_millis(500);
 /// Smallest initial builder capacity.
 const BUILDER_BYTES_MIN: usize = 4 << 10;
 
+/// FNV-1a for the per-record topic lookup: topic names are short and
+/// trusted, and SipHash showed up at ~10% of producer CPU.
+#[derive(Default)]
+struct FnvHasher(u64);
+
+impl std::hash::Hasher for FnvHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut hash = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
+        for &b in bytes {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = hash;
+    }
+}
+
+type FnvBuild = std::hash::BuildHasherDefault<FnvHasher>;
+
 struct OpenBatch {
     builder: BatchBuilder<'static>,
     replies: Vec<(DeliveryReply, i64)>,
@@ -56,7 +78,7 @@ pub(super) fn spawn(
         ctx,
         linger: Duration::from_millis(config.linger_ms),
         config,
-        topics: HashMap::new(),
+        topics: HashMap::default(),
         unknown: HashMap::new(),
         senders: HashMap::new(),
         linger_queue: VecDeque::new(),
@@ -71,7 +93,7 @@ struct Accumulator {
     ctx: Arc<SenderCtx>,
     config: ProducerConfig,
     linger: Duration,
-    topics: HashMap<Arc<str>, TopicState>,
+    topics: HashMap<Arc<str>, TopicState, FnvBuild>,
     unknown: HashMap<String, (Instant, ClientError)>,
     senders: HashMap<String, mpsc::UnboundedSender<SealedBatch>>,
     /// Open batches in creation order: (deadline, topic, partition, batch id).
