@@ -54,6 +54,8 @@ pub enum BrokerError {
     Shard { shard: usize, message: String },
     #[error("cannot start shard thread: {0}")]
     Thread(String),
+    #[error("port {port} was taken while the broker started: {message}")]
+    PortTaken { port: u16, message: String },
     #[error("cannot install signal handlers: {0}")]
     Signals(#[source] std::io::Error),
 }
@@ -155,6 +157,7 @@ fn reserve_public_port(addr: SocketAddr) -> Result<(socket2::Socket, SocketAddr)
     let err = |source| BrokerError::Listen { addr, source };
     let domain = if addr.is_ipv6() { Domain::IPV6 } else { Domain::IPV4 };
     let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP)).map_err(err)?;
+    socket.set_reuse_address(true).map_err(err)?;
     socket.set_reuse_port(true).map_err(err)?;
     socket.bind(&addr.into()).map_err(err)?;
     let bound = socket.local_addr().map_err(err)?.as_socket().ok_or_else(|| BrokerError::Listen {
@@ -172,6 +175,25 @@ enum Startup {
 
 /// Starts a broker and returns once every shard serves.
 pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
+    // With ephemeral ports (port 0), another socket can take a chosen port
+    // between the reservation and the shards' binds; pick new ports then.
+    let mut attempts = 0;
+    loop {
+        match start_once(config.clone()) {
+            Err(BrokerError::PortTaken { .. })
+                if config.listen.port() == 0 && attempts < START_ATTEMPTS_MAX =>
+            {
+                attempts += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Tries with fresh ephemeral ports when a chosen one was taken meanwhile.
+const START_ATTEMPTS_MAX: u32 = 5;
+
+fn start_once(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
     check_config(&config)?;
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|source| BrokerError::DataDir { path: config.data_dir.clone(), source })?;
@@ -233,7 +255,13 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
         threads.push(t);
     }
     drop(status_tx);
-    let fail = |stop: &AtomicBool, threads: Vec<ExecutorJoinHandle<Result<(), String>>>, err: BrokerError| {
+    // On a failed start: release shards still waiting for the port list
+    // (dropping the senders), tell the rest to stop, and join them all.
+    let fail = |stop: &AtomicBool,
+                port_txs: Vec<mpsc::Sender<Vec<u16>>>,
+                threads: Vec<ExecutorJoinHandle<Result<(), String>>>,
+                err: BrokerError| {
+        drop(port_txs);
         stop.store(true, Ordering::Release);
         for t in threads {
             let _ignored = t.join();
@@ -249,11 +277,16 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
                 bound += 1;
             }
             Ok(Startup::Failed { shard, message }) => {
-                return fail(&stop, threads, BrokerError::Shard { shard, message })
+                return fail(&stop, port_txs, threads, shard_error(shard, message, public))
             }
             Ok(Startup::Serving { .. }) => {}
             Err(_) => {
-                return fail(&stop, threads, BrokerError::Thread("a shard exited during start-up".into()))
+                return fail(
+                    &stop,
+                    port_txs,
+                    threads,
+                    BrokerError::Thread("a shard exited during start-up".into()),
+                )
             }
         }
     }
@@ -270,17 +303,41 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
                 admin = admin.or(a);
             }
             Ok(Startup::Failed { shard, message }) => {
-                return fail(&stop, threads, BrokerError::Shard { shard, message })
+                return fail(&stop, port_txs, threads, shard_error(shard, message, public))
             }
             Ok(Startup::Bound { .. }) => {}
             Err(_) => {
-                return fail(&stop, threads, BrokerError::Thread("a shard exited during start-up".into()))
+                return fail(
+                    &stop,
+                    port_txs,
+                    threads,
+                    BrokerError::Thread("a shard exited during start-up".into()),
+                )
             }
         }
     }
     let ready = ReadyInfo { listen: public, shard_ports: ports, data_dir: config.data_dir.clone(), admin };
     tracing::info!(listen = %public, shard_ports = ?ready.shard_ports, shards, topics = topics.len(), "broker serving");
     Ok(BrokerHandle { ready, stop, threads })
+}
+
+/// Prefix of a start-up failure caused by a port in use.
+const PORT_TAKEN: &str = "port taken: ";
+
+fn bind_error(addr: SocketAddr, e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::AddrInUse {
+        format!("{PORT_TAKEN}bind {addr}: {e}")
+    } else {
+        format!("bind {addr}: {e}")
+    }
+}
+
+/// The error for a shard's start-up failure.
+fn shard_error(shard: usize, message: String, public: SocketAddr) -> BrokerError {
+    match message.strip_prefix(PORT_TAKEN) {
+        Some(rest) => BrokerError::PortTaken { port: public.port(), message: rest.to_string() },
+        None => BrokerError::Shard { shard, message },
+    }
 }
 
 struct ShardSpec {
@@ -298,10 +355,9 @@ struct ShardSpec {
 
 async fn shard_main(spec: ShardSpec) -> Result<(), String> {
     let id = spec.id;
-    let public =
-        glommio::net::TcpListener::bind(spec.public).map_err(|e| format!("bind {}: {e}", spec.public))?;
+    let public = net::bind_listener(spec.public).map_err(|e| bind_error(spec.public, &e))?;
     let own_addr = SocketAddr::new(spec.public.ip(), spec.shard_port);
-    let own = glommio::net::TcpListener::bind(own_addr).map_err(|e| format!("bind {own_addr}: {e}"))?;
+    let own = net::bind_listener(own_addr).map_err(|e| bind_error(own_addr, &e))?;
     let port = own.local_addr().map_err(|e| e.to_string())?.port();
     spec.status.send(Startup::Bound { shard: id, port }).map_err(|e| e.to_string())?;
     // Start-up only: wait (blocking this not-yet-serving thread) for the port
@@ -343,7 +399,7 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
     let retention = glommio::spawn_local(retention_loop(ctx.clone()));
     let (admin, admin_addr) = match (id, config.admin_listen) {
         (0, Some(addr)) => {
-            let l = glommio::net::TcpListener::bind(addr).map_err(|e| format!("bind admin {addr}: {e}"))?;
+            let l = net::bind_listener(addr).map_err(|e| format!("bind admin {addr}: {e}"))?;
             let bound = l.local_addr().map_err(|e| e.to_string())?;
             (Some(glommio::spawn_local(metrics::admin_loop(ctx.clone(), l))), Some(bound))
         }

@@ -30,6 +30,24 @@ use std::any::Any;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
 
+/// Binds a listener with SO_REUSEPORT (every shard accepts on the public
+/// port) and SO_REUSEADDR (a restart or a port that just served short-lived
+/// connections must not fail with EADDRINUSE because of TIME_WAIT).
+pub fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    let domain = if addr.is_ipv6() { Domain::IPV6 } else { Domain::IPV4 };
+    let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_cloexec(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    // SAFETY: the fd is a freshly created, bound and listening socket that
+    // nothing else owns; the TcpListener takes ownership and closes it.
+    Ok(unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) })
+}
+
 /// Accepts connections until the shard stops.
 pub async fn accept_loop(ctx: Rc<ShardContext>, listener: TcpListener, name: &'static str) {
     let per_shard_max = ctx.config.limits.connections_max.div_ceil(ctx.config.shards).max(1);

@@ -369,7 +369,9 @@ fn splice_and_plain_paths_serve_identical_bytes() {
         config.admin_listen = Some("127.0.0.1:0".parse().expect("addr"));
         config.topic_defaults.segment_bytes = 256 << 10; // several segment rolls
         let handle = start(config).expect("broker starts");
-        let mut c = Conn::open(handle.ready.listen.port());
+        // The owner shard's port: forwarded reads arrive as copies, not file ranges.
+        let owner = shard_for("z", PartitionId(0), 2).0 as usize;
+        let mut c = Conn::open(handle.ready.shard_ports[owner]);
         assert_eq!(c.create_topic("z", 1), ErrorCode::None);
         let mut expected = Vec::new();
         for i in 0..40 {
