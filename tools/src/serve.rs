@@ -61,6 +61,10 @@ pub struct ServeArgs {
     fetch_wait_ms_max: Option<u32>,
     #[arg(long)]
     retention_check_interval_ms: Option<u64>,
+    /// How fetches send segment bytes: `splice` (io_uring zero-copy; falls
+    /// back to plain with a warning where unavailable) or `plain` (read + send).
+    #[arg(long, env = "SHARDLOG_FETCH_PATH", value_name = "splice|plain")]
+    fetch_path: Option<String>,
     /// Default topic setting `name=value` (Kafka names), repeatable.
     #[arg(long = "topic-default", value_name = "KEY=VALUE")]
     topic_defaults: Vec<String>,
@@ -86,6 +90,9 @@ pub fn build_config(args: ServeArgs) -> anyhow::Result<BrokerConfig> {
         config.shards = n;
     }
     config.admin_listen = args.admin_listen.or(file.admin_listen);
+    if let Some(path) = args.fetch_path.or(file.fetch_path) {
+        config.fetch_path = path.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+    }
     config.shard_port_base = args.shard_port_base.or(file.shard_port_base);
     config.advertised_host = args.advertised_host.or(file.advertised_host);
     if let Some(id) = args.broker_id.or(file.broker_id) {

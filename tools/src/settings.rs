@@ -60,6 +60,7 @@ pub struct ServeSettings {
     pub shard_buffered_bytes_max: Option<usize>,
     pub fetch_wait_ms_max: Option<u32>,
     pub retention_check_interval_ms: Option<u64>,
+    pub fetch_path: Option<String>,
     #[serde(default)]
     pub topic_defaults: BTreeMap<String, String>,
 }
