@@ -9,7 +9,7 @@
 
 use crate::log::ReadChunk;
 use crate::partition::PartitionError;
-use crate::shard::{ShardContext, ShardOp, ShardReply};
+use crate::shard::{ShardContext, ShardOp, ShardReply, TopicSpec};
 use bytes::Bytes;
 use flatbuffers::{FlatBufferBuilder, WIPOffset};
 use shardlog_schema::frame::{error_response, finish_into};
@@ -292,12 +292,17 @@ async fn create_topics(
                                 .collect()
                         })
                         .unwrap_or_default();
-                    (t.name().unwrap_or("").to_string(), t.partitions(), t.replication_factor(), configs)
+                    TopicSpec {
+                        name: t.name().unwrap_or("").to_string(),
+                        partitions: t.partitions(),
+                        replication_factor: t.replication_factor(),
+                        configs,
+                    }
                 })
                 .collect()
         })
         .unwrap_or_default();
-    let names: Vec<String> = specs.iter().map(|s: &(String, u32, u16, Vec<_>)| s.0.clone()).collect();
+    let names: Vec<String> = specs.iter().map(|s: &TopicSpec| s.name.clone()).collect();
     let results = topic_admin(ctx, ShardOp::CreateTopics(specs)).await.unwrap_or_else(|e| {
         names.into_iter().map(|n| (n, ErrorCode::BrokerShuttingDown, e.clone())).collect()
     });

@@ -40,6 +40,18 @@ pub struct RemoteRead {
     pub bytes: Vec<u8>,
 }
 
+/// A topic to create, as asked by a client.
+#[derive(Debug, Clone)]
+pub struct TopicSpec {
+    pub name: String,
+    pub partitions: u32,
+    pub replication_factor: u16,
+    pub configs: Vec<(String, String)>,
+}
+
+/// Owned partitions: topic → slot per partition number (`None`: another shard's).
+type PartitionTable = HashMap<Rc<str>, Vec<Option<Rc<Partition>>>>;
+
 /// A request from one shard to another.
 #[derive(Debug)]
 pub enum ShardOp {
@@ -67,7 +79,7 @@ pub enum ShardOp {
         timestamp: i64,
     },
     /// To shard 0: validate, persist and broadcast.
-    CreateTopics(Vec<(String, u32, u16, Vec<(String, String)>)>),
+    CreateTopics(Vec<TopicSpec>),
     /// To shard 0: persist and broadcast.
     DeleteTopics(Vec<String>),
     /// To every shard: add a topic and open the partitions it owns.
@@ -121,7 +133,7 @@ pub struct ShardContext {
     pub endpoints: Endpoints,
     pub topics: RefCell<TopicTable>,
     /// Partitions this shard owns: topic → index by partition number.
-    partitions: RefCell<HashMap<Rc<str>, Vec<Option<Rc<Partition>>>>>,
+    partitions: RefCell<PartitionTable>,
     mesh: Senders<ShardMsg>,
     pending: RefCell<HashMap<u64, local_channel::LocalSender<ShardReply>>>,
     next_request_id: Cell<u64>,
@@ -373,13 +385,10 @@ impl ShardContext {
     }
 
     /// Shard 0 only: validates, persists, then applies on every shard.
-    async fn create_topics(
-        self: &Rc<Self>,
-        specs: Vec<(String, u32, u16, Vec<(String, String)>)>,
-    ) -> Vec<(String, ErrorCode, String)> {
+    async fn create_topics(self: &Rc<Self>, specs: Vec<TopicSpec>) -> Vec<(String, ErrorCode, String)> {
         let mut results = Vec::with_capacity(specs.len());
-        for (name, partitions, replication, configs) in specs {
-            let outcome = self.create_topic(&name, partitions, replication, &configs).await;
+        for TopicSpec { name, partitions, replication_factor, configs } in specs {
+            let outcome = self.create_topic(&name, partitions, replication_factor, &configs).await;
             let (code, message) = match outcome {
                 Ok(()) => (ErrorCode::None, String::new()),
                 Err(e) => (e.code, e.message),

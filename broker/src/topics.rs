@@ -187,8 +187,7 @@ mod tests {
         let store = FileTopicStore::new(dir.path());
         assert!(store.load().expect("empty").is_empty());
         let mut table = TopicTable::new();
-        let mut config = TopicConfig::default();
-        config.flush = FlushPolicy::Always;
+        let config = TopicConfig { flush: FlushPolicy::Always, ..TopicConfig::default() };
         table.insert("t".into(), TopicMeta { name: "t".into(), partitions: 3, config });
         store.store(&table).expect("store");
         assert_eq!(store.load().expect("load"), table);
