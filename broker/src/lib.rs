@@ -268,57 +268,55 @@ fn start_once(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
         }
         Err(err)
     };
+    // Phase 1: every shard has bound its listeners; phase 2: every shard serves.
     let mut ports = vec![0u16; shards];
-    let mut bound = 0;
-    while bound < shards {
-        match status_rx.recv() {
-            Ok(Startup::Bound { shard, port }) => {
-                ports[shard] = port;
-                bound += 1;
-            }
-            Ok(Startup::Failed { shard, message }) => {
-                return fail(&stop, port_txs, threads, shard_error(shard, message, public))
-            }
-            Ok(Startup::Serving { .. }) => {}
-            Err(_) => {
-                return fail(
-                    &stop,
-                    port_txs,
-                    threads,
-                    BrokerError::Thread("a shard exited during start-up".into()),
-                )
-            }
-        }
+    let mut admin = None;
+    if let Err(e) = wait_phase(&status_rx, shards, public, Phase::Bound(&mut ports)) {
+        return fail(&stop, port_txs, threads, e);
     }
     drop(reservation);
     for tx in &port_txs {
         let _exited = tx.send(ports.clone());
     }
-    let mut serving = 0;
-    let mut admin = None;
-    while serving < shards {
-        match status_rx.recv() {
-            Ok(Startup::Serving { admin: a }) => {
-                serving += 1;
-                admin = admin.or(a);
-            }
-            Ok(Startup::Failed { shard, message }) => {
-                return fail(&stop, port_txs, threads, shard_error(shard, message, public))
-            }
-            Ok(Startup::Bound { .. }) => {}
-            Err(_) => {
-                return fail(
-                    &stop,
-                    port_txs,
-                    threads,
-                    BrokerError::Thread("a shard exited during start-up".into()),
-                )
-            }
-        }
+    if let Err(e) = wait_phase(&status_rx, shards, public, Phase::Serving(&mut admin)) {
+        return fail(&stop, port_txs, threads, e);
     }
     let ready = ReadyInfo { listen: public, shard_ports: ports, data_dir: config.data_dir.clone(), admin };
     tracing::info!(listen = %public, shard_ports = ?ready.shard_ports, shards, topics = topics.len(), "broker serving");
     Ok(BrokerHandle { ready, stop, threads })
+}
+
+/// What start-up waits for from every shard.
+enum Phase<'a> {
+    /// Listeners bound: collects each shard's own port.
+    Bound(&'a mut Vec<u16>),
+    /// Serving: collects the admin listener's address.
+    Serving(&'a mut Option<SocketAddr>),
+}
+
+fn wait_phase(
+    status_rx: &mpsc::Receiver<Startup>,
+    shards: usize,
+    public: SocketAddr,
+    mut phase: Phase<'_>,
+) -> Result<(), BrokerError> {
+    let mut done = 0;
+    while done < shards {
+        match (status_rx.recv(), &mut phase) {
+            (Ok(Startup::Bound { shard, port }), Phase::Bound(ports)) => {
+                ports[shard] = port;
+                done += 1;
+            }
+            (Ok(Startup::Serving { admin }), Phase::Serving(a)) => {
+                **a = a.or(admin);
+                done += 1;
+            }
+            (Ok(Startup::Failed { shard, message }), _) => return Err(shard_error(shard, message, public)),
+            (Ok(_), _) => {}
+            (Err(_), _) => return Err(BrokerError::Thread("a shard exited during start-up".into())),
+        }
+    }
+    Ok(())
 }
 
 /// Prefix of a start-up failure caused by a port in use.
