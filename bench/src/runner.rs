@@ -287,8 +287,13 @@ fn client_config(run: &Run, id: &str) -> ClientConfig {
     ClientConfig { client_id: format!("shardlog-bench-{id}"), ..ClientConfig::new(run.bootstrap.clone()) }
 }
 
+/// Creating thousands of partitions may take the broker a while.
+const ADMIN_TIMEOUT_MS: u64 = 600_000;
+
 async fn create_topics(run: &Run) -> anyhow::Result<()> {
-    let admin = Admin::connect(client_config(run, "admin")).await.context("connect admin")?;
+    let cfg = ClientConfig { request_timeout_ms: ADMIN_TIMEOUT_MS, ..client_config(run, "admin") };
+    let admin = Admin::connect(cfg).await.context("connect admin")?;
+    let t0 = Instant::now();
     let configs = run.w.topic_configs();
     for t in &run.topics {
         admin
@@ -296,11 +301,15 @@ async fn create_topics(run: &Run) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("create topic {t}"))?;
     }
+    if t0.elapsed() > Duration::from_secs(5) {
+        eprintln!("shardlog-bench: creating the topics took {:.1} s", t0.elapsed().as_secs_f64());
+    }
     Ok(())
 }
 
 async fn delete_topics(run: &Run) {
-    let Ok(admin) = Admin::connect(client_config(run, "admin")).await else { return };
+    let cfg = ClientConfig { request_timeout_ms: ADMIN_TIMEOUT_MS, ..client_config(run, "admin") };
+    let Ok(admin) = Admin::connect(cfg).await else { return };
     for t in &run.topics {
         if let Err(e) = admin.delete_topic(t).await {
             eprintln!("shardlog-bench: delete topic {t}: {e:#}");

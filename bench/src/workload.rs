@@ -49,7 +49,7 @@ impl Default for ProducerTuning {
         ProducerTuning {
             linger_ms: 1,
             batch_bytes: 256 * 1024,
-            buffer_bytes_max: 64 << 20,
+            buffer_bytes_max: 16 << 20,
             max_in_flight: 8,
             outstanding_max: 500_000,
         }
