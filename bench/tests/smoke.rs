@@ -72,7 +72,8 @@ fn smoke_workload_against_a_spawned_broker_writes_a_valid_report() {
     assert!(e2e >= 9_000, "end-to-end samples {e2e}");
     assert!(run["e2e_latency"]["p99_us"].as_f64().unwrap() > 0.0);
     let recv: u64 = run["series"]["recv_msgs"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum();
-    let acked: u64 = run["series"]["acked_msgs"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum();
+    let acked: u64 =
+        run["series"]["acked_msgs"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum();
     assert_eq!(recv, acked, "the consumer received every acknowledged message");
     assert!(!run["broker_samples"].as_array().unwrap().is_empty(), "broker /proc was sampled");
     assert!(run["broker"]["rss_bytes_max"].as_u64().unwrap() > 1 << 20);
