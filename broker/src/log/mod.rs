@@ -21,9 +21,11 @@
 //! first chunk when it is full, or else the last partial chunk padded to the
 //! block size, and writes it with one O_DIRECT write at its block-aligned
 //! position; a partial last block is carried into the next chunk and
-//! rewritten by the next write. Appends that arrive while a write is in
-//! flight fill the next chunks and go out together, and a full chunk is
-//! ready the moment the previous write completes.
+//! rewritten by the next write. Up to [`WRITES_IN_FLIGHT_MAX`] writes are in
+//! flight: a second one starts only where the first ends (a full chunk never
+//! shares a block with the next), and completions are applied in issue
+//! order, so `written_pos` only covers bytes every earlier write has landed.
+//! Appends that arrive while writes are in flight fill the next chunks.
 //! A separate sync task issues `fdatasync` (one covers every append written
 //! before it started), so a write and a sync overlap.
 //!
@@ -44,14 +46,23 @@
 //! disk for sealed ones) and scan at most one index interval of headers. They
 //! return file ranges of a buffered fd (for splice) plus, for the last
 //! partial block, a copy from memory.
+//!
+//! Hot tail (`hot`): every completed write also copies its new whole
+//! batches into a per-log window of `Bytes` over the end of the active
+//! segment, bounded per log and by a per-shard [`HotTailBudget`] with LRU
+//! eviction across logs. A read whose whole answer lies in the window is
+//! answered from it synchronously as [`ReadChunk::Memory`] slices (no file
+//! access); otherwise it takes the file path above.
 
 pub mod dump;
 mod error;
+mod hot;
 pub mod index;
 mod notify;
 mod segment;
 
 pub use error::LogError;
+pub use hot::{HotTailBudget, HOT_TAIL_LOG_BYTES_DEFAULT, HOT_TAIL_SHARD_BYTES_DEFAULT};
 pub use segment::SegmentFile;
 
 use crate::config::{FlushPolicy, TopicConfig};
@@ -80,12 +91,17 @@ const SPARE_CHUNKS_MAX: usize = 4;
 const UNWRITTEN_BYTES_MAX: u64 = 32 << 20;
 /// Largest single `append` call.
 pub const APPEND_BYTES_MAX: usize = 64 << 20;
-/// fallocate step for the active segment.
-const PREALLOC_BYTES_STEP: u64 = 64 << 20;
+/// fallocate step for the active segment. Large, so the fallocate (a
+/// journaled metadata operation that waits for in-flight direct I/O) is rare.
+const PREALLOC_BYTES_STEP: u64 = 256 << 20;
+/// O_DIRECT writes in flight per log. A second write may only start where
+/// the first ends (full chunks), never in a block another write still owns.
+const WRITES_IN_FLIGHT_MAX: usize = 2;
 /// Positions in a segment are u32 in the index; keep clear of the edge.
 const SEGMENT_BYTES_CAP: u64 = (1 << 31) - APPEND_BYTES_MAX as u64;
-/// Read handles of sealed segments kept open (the `.log` and `.index` each count).
-const OPEN_READERS_MAX: usize = 128;
+/// Default bound on read handles of sealed segments kept open per log (the
+/// `.log` and `.index` each count); see [`LogOptions::open_readers_max`].
+pub const OPEN_READERS_DEFAULT: usize = 1024;
 const CLEAN_SHUTDOWN_FILE: &str = ".clean_shutdown";
 const METADATA_FILE: &str = "partition.metadata";
 const METADATA_VERSION: u64 = 1;
@@ -119,7 +135,8 @@ pub struct LogRead {
 pub enum ReadChunk {
     /// A byte range of a segment file; `file` keeps the fd open.
     File { file: Rc<SegmentFile>, position: u64, len: usize },
-    /// Bytes from memory (the partial last block of the active segment).
+    /// Bytes from memory: the hot tail window, or the partial last block of
+    /// the active segment.
     Memory(Bytes),
 }
 
@@ -172,6 +189,30 @@ pub struct LogStats {
     pub rolls: u64,
 }
 
+/// Shard-level settings of a log, given at open ([`Log::open_with`]).
+#[derive(Debug, Clone)]
+pub struct LogOptions {
+    /// The shard's hot-tail budget, shared by all logs of the shard.
+    pub hot_tail: Rc<HotTailBudget>,
+    /// Most bytes of this log's hot tail window (0: no hot tail).
+    pub hot_tail_log_bytes_max: u64,
+    /// Most read handles of sealed segments kept open (`.log` and `.index`
+    /// each count); the oldest is closed beyond it.
+    pub open_readers_max: usize,
+}
+
+impl Default for LogOptions {
+    /// The calling thread's (shard's) default hot-tail budget, the default
+    /// per-log cap and the default open-handle bound.
+    fn default() -> Self {
+        LogOptions {
+            hot_tail: HotTailBudget::thread_default(),
+            hot_tail_log_bytes_max: HOT_TAIL_LOG_BYTES_DEFAULT,
+            open_readers_max: OPEN_READERS_DEFAULT,
+        }
+    }
+}
+
 /// A partition log. See the module docs.
 pub struct Log {
     sh: Rc<Shared>,
@@ -184,6 +225,10 @@ struct Shared {
     block: u64,
     st: RefCell<State>,
     changed: Notify,
+    /// The hot tail window over the active segment (its own cell: the
+    /// shard budget evicts from it while another log's state is borrowed).
+    hot: Rc<RefCell<hot::HotWindow>>,
+    open_readers_max: usize,
 }
 
 type AppendSlot = Slot<Result<(), LogError>>;
@@ -203,7 +248,17 @@ struct State {
     rolling: bool,
     roll_gen: u64,
     roll_error: Option<LogError>,
-    write_busy: bool,
+    /// Writes issued and not yet completed in order.
+    writes_in_flight: usize,
+    /// End (block-aligned) of the last write issued; the next may start there.
+    issued_end: u64,
+    /// Sequence numbers: next to issue, next to complete (in issue order).
+    write_seq_issue: u64,
+    write_seq_complete: u64,
+    /// Finished writes waiting for an earlier one, by sequence number.
+    write_done: std::collections::BTreeMap<u64, (WriteJob, Result<(), LogError>)>,
+    /// Bumped when a failed write rolls back; older writes are then ignored.
+    write_gen: u64,
     sync_busy: bool,
     /// Appends (and flushes) waiting for their bytes to be written, by end_pos.
     unwritten: VecDeque<Waiter>,
@@ -213,7 +268,7 @@ struct State {
     bytes_since_sync: u64,
     stats: LogStats,
     /// Sealed segments with an open read handle, oldest first: `(base, is_index)`.
-    /// Bounded by [`OPEN_READERS_MAX`] so thousands of segments do not hold
+    /// Bounded by [`LogOptions::open_readers_max`] so thousands of segments do not hold
     /// thousands of fds.
     open_readers: VecDeque<(u64, bool)>,
 }
@@ -256,6 +311,10 @@ struct Active {
     /// Copy of `[tail_start, written_pos)`, the written partial last block.
     tail: Vec<u8>,
     tail_start: u64,
+    /// Written bytes `[written_pos, written_pos + len)` of a batch that is
+    /// not yet whole on disk (it spans writes), for the hot tail. At most one
+    /// batch; empty when the hot tail is off.
+    hot_staged: Vec<u8>,
 }
 
 struct WriteJob {
@@ -269,6 +328,8 @@ struct WriteJob {
     /// `buf` is a whole, untrimmed chunk that can be reused.
     reusable: bool,
     prealloc_to: Option<u64>,
+    seq: u64,
+    generation: u64,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -292,9 +353,21 @@ fn align_up(v: u64, block: u64) -> u64 {
 }
 
 impl Log {
-    /// Opens (creating if needed) the log in `dir` and recovers it.
+    /// Opens (creating if needed) the log in `dir` and recovers it, with
+    /// [`LogOptions::default`] (the thread's shared hot-tail budget).
     pub async fn open(dir: PathBuf, config: TopicConfig) -> Result<Log, LogError> {
-        recovery::open(dir, config).await
+        recovery::open(dir, config, LogOptions::default()).await
+    }
+
+    /// [`Log::open`] with shard-level options (the shard's hot-tail budget).
+    pub async fn open_with(dir: PathBuf, config: TopicConfig, options: LogOptions) -> Result<Log, LogError> {
+        recovery::open(dir, config, options).await
+    }
+
+    /// Bytes of this log held in its hot tail window now.
+    #[must_use]
+    pub fn hot_tail_bytes(&self) -> u64 {
+        self.sh.hot.borrow().held_bytes()
     }
 
     /// Appends whole batches. See the module docs for the write path.
@@ -533,9 +606,9 @@ impl State {
 
     /// Records an open sealed-segment handle; closes the oldest beyond the
     /// bound (reads still holding one keep its fd until they finish).
-    fn note_open_reader(&mut self, base: u64, index: bool) {
+    fn note_open_reader(&mut self, base: u64, index: bool, max: usize) {
         self.open_readers.push_back((base, index));
-        while self.open_readers.len() > OPEN_READERS_MAX {
+        while self.open_readers.len() > max {
             let (old, old_index) = self.open_readers.pop_front().expect("non-empty");
             if let Ok(j) = self.closed.binary_search_by_key(&old, |s| s.base) {
                 let s = &mut self.closed[j];
@@ -630,7 +703,12 @@ impl State {
         }
         let block = sh.block;
         let a = &mut self.active;
-        if a.unwritten_batches.is_empty() {
+        if a.unwritten_batches.is_empty() || self.writes_in_flight >= WRITES_IN_FLIGHT_MAX {
+            return None;
+        }
+        // A write may not touch a block an earlier write still in flight
+        // owns: with one in flight, only a write that starts where it ends.
+        if self.writes_in_flight > 0 && a.fill_start < self.issued_end {
             return None;
         }
         let pos = a.fill_start;
@@ -662,6 +740,14 @@ impl State {
             let segment_bytes = align_up(sh.config.segment_bytes.min(SEGMENT_BYTES_CAP), block);
             (a.allocated + PREALLOC_BYTES_STEP).min(segment_bytes).max(write_end)
         });
+        if let Some(to) = prealloc_to {
+            // Claimed now so a second write in flight does not repeat it.
+            a.allocated = a.allocated.max(to);
+        }
+        self.writes_in_flight += 1;
+        self.issued_end = write_end;
+        let seq = self.write_seq_issue;
+        self.write_seq_issue += 1;
         Some(WriteJob {
             base: a.base,
             file: a.file.clone(),
@@ -671,6 +757,8 @@ impl State {
             data_end: pos + data_len as u64,
             reusable,
             prealloc_to,
+            seq,
+            generation: self.write_gen,
         })
     }
 
@@ -691,6 +779,9 @@ impl State {
             a.unwritten_batches.pop_front();
         }
         let bytes = job.buf.as_bytes();
+        if sh.hot.borrow().enabled() {
+            a.stage_hot(&sh.hot, before, &job);
+        }
         if a.written_pos != before {
             a.tail_start = align_down(a.written_pos, block);
             assert!(a.tail_start >= job.pos, "the new partial block is in this write");
@@ -730,6 +821,11 @@ impl State {
         a.end_pos = a.written_pos;
         a.next_offset = a.written_next;
         a.unwritten_batches.clear();
+        a.hot_staged.clear();
+        // A later write still in flight writes bytes past the rolled-back end:
+        // its completion is ignored, and `issued_end` (left as is) holds new
+        // writes back until it has landed, so it cannot overwrite them.
+        self.write_gen += 1;
         a.fill.clear();
         let mut first = a.chunk();
         first.as_bytes_mut()[..a.tail.len()].copy_from_slice(&a.tail);
@@ -775,14 +871,20 @@ impl State {
 // Tasks are spawned after the state borrow ends: a spawned task may be
 // polled before `spawn_local` returns.
 fn kick_write(sh: &Rc<Shared>) {
-    let start = {
-        let mut st = sh.st.borrow_mut();
-        let start = !st.write_busy && st.active.end_pos > st.active.written_pos && st.failed.is_none();
-        st.write_busy |= start;
-        start
-    };
-    if start {
-        glommio::spawn_local(write_task(sh.clone())).detach();
+    loop {
+        let job = {
+            let mut st = sh.st.borrow_mut();
+            if st.active.end_pos <= st.active.written_pos {
+                return;
+            }
+            st.take_write_job(sh)
+        };
+        match job {
+            Some(job) => {
+                glommio::spawn_local(write_task(sh.clone(), job)).detach();
+            }
+            None => return,
+        }
     }
 }
 
@@ -798,33 +900,33 @@ fn kick_sync(sh: &Rc<Shared>) {
     }
 }
 
-/// Writes groups while there is unwritten data. Runs as its own task so a
-/// cancelled append never leaves a write half-accounted.
-async fn write_task(sh: Rc<Shared>) {
-    loop {
-        let job = {
-            let mut st = sh.st.borrow_mut();
-            match st.take_write_job(&sh) {
-                Some(job) => job,
-                None => {
-                    st.write_busy = false;
-                    drop(st);
-                    sh.changed.notify_all();
-                    return;
-                }
+/// Runs one write as its own task (so a cancelled append never leaves a
+/// write half-accounted), then completes finished writes in issue order and
+/// issues the next ones.
+async fn write_task(sh: Rc<Shared>, job: WriteJob) {
+    let result = run_write(&sh, &job).await;
+    {
+        let mut st = sh.st.borrow_mut();
+        st.write_done.insert(job.seq, (job, result));
+        loop {
+            let seq = st.write_seq_complete;
+            let Some((job, result)) = st.write_done.remove(&seq) else { break };
+            st.write_seq_complete += 1;
+            st.writes_in_flight -= 1;
+            if job.generation != st.write_gen || st.active.base != job.base {
+                continue; // rolled back by an earlier failed write
             }
-        };
-        let result = run_write(&sh, &job).await;
-        {
-            let mut st = sh.st.borrow_mut();
             match result {
                 Ok(()) => st.complete_write(&sh, job),
                 Err(e) => st.fail_write(&sh, job, e),
             }
         }
-        sh.changed.notify_all();
-        kick_sync(&sh);
     }
+    let budget = sh.hot.borrow().budget().clone();
+    budget.enforce();
+    sh.changed.notify_all();
+    kick_write(&sh);
+    kick_sync(&sh);
 }
 
 async fn run_write(sh: &Shared, job: &WriteJob) -> Result<(), LogError> {
@@ -982,9 +1084,10 @@ async fn roll(sh: &Rc<Shared>) -> Result<(), LogError> {
         );
         st.closed_bytes += summary.log_bytes;
         st.closed.push_back(ClosedSegment::new(old.base, summary, Some(old.reader.clone())));
-        st.note_open_reader(old.base, false);
+        st.note_open_reader(old.base, false, sh.open_readers_max);
         old
     };
+    sh.hot.borrow_mut().reset(next, 0);
     tracing::debug!(dir = %sh.dir.display(), sealed = old.base, next, "rolled segment");
     drop(file);
     close_dma(old.file, &old.path).await
@@ -1091,11 +1194,39 @@ impl Active {
             index: scan.index,
             tail,
             tail_start,
+            hot_staged: Vec::new(),
         }
     }
 }
 
 impl Active {
+    /// Hands the whole batches this write completed (`[before, written_pos)`)
+    /// to the hot tail window, directly from the write buffer when they all
+    /// lie in it, else through `hot_staged` (a batch that spans writes).
+    fn stage_hot(&mut self, hot: &RefCell<hot::HotWindow>, before: u64, job: &WriteJob) {
+        let bytes = job.buf.as_bytes();
+        let at = |p: u64| (p - job.pos) as usize;
+        let staged_end = before + self.hot_staged.len() as u64;
+        assert!(job.pos <= staged_end, "writes are contiguous");
+        if self.hot_staged.is_empty() {
+            if self.written_pos > before {
+                hot.borrow_mut().push(self.base, before, &bytes[at(before)..at(self.written_pos)]);
+            }
+            if job.data_end > self.written_pos {
+                self.hot_staged.extend_from_slice(&bytes[at(self.written_pos)..at(job.data_end)]);
+            }
+        } else {
+            if job.data_end > staged_end {
+                self.hot_staged.extend_from_slice(&bytes[at(staged_end)..at(job.data_end)]);
+            }
+            if self.written_pos > before {
+                let n = (self.written_pos - before) as usize;
+                hot.borrow_mut().push(self.base, before, &self.hot_staged[..n]);
+                self.hot_staged.drain(..n);
+            }
+        }
+    }
+
     /// A chunk for the fill buffer, reused when possible.
     fn chunk(&mut self) -> DmaBuffer {
         self.spare.pop().unwrap_or_else(|| self.file.alloc_dma_buffer(CHUNK_BYTES))

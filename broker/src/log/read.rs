@@ -2,6 +2,7 @@
 
 use super::*;
 use segment::{scan_headers, search_index_file, ScannedBatch};
+use shardlog_schema::batch::BATCH_HEADER_BYTES;
 
 /// Where a read goes, decided under one short borrow.
 struct Plan {
@@ -68,8 +69,79 @@ pub(super) async fn segment_reader(sh: &Shared, base: u64, index: bool) -> Resul
         return Ok(existing.clone());
     }
     *cell = Some(f.clone());
-    st.note_open_reader(base, index);
+    st.note_open_reader(base, index, sh.open_readers_max);
     Ok(f)
+}
+
+/// The batch header at `pos` of the hot tail window, if it is held whole.
+fn hot_header(w: &hot::HotWindow, pos: u64) -> Option<BatchHeader> {
+    if pos + BATCH_HEADER_BYTES as u64 > w.end {
+        return None;
+    }
+    let mut buf = [0u8; BATCH_HEADER_BYTES];
+    w.copy_to(pos, &mut buf);
+    BatchHeader::parse(&buf).ok()
+}
+
+/// Serves a read from the hot tail window (no file access, no await) when
+/// the whole answer lies in it; `None` sends the read to the file path.
+/// Mirrors the file path: index lookup, then a header scan of at most one
+/// index interval, from the window start when the index entry precedes it.
+fn read_hot(sh: &Shared, st: &State, from: u64, max_bytes: usize) -> Option<LogRead> {
+    let a = &st.active;
+    if from < a.base {
+        return None;
+    }
+    let (hw, data_end) = st.high_watermark(&sh.config);
+    let w = sh.hot.try_borrow().ok()?;
+    if !w.covers(a.base, w.start, data_end) || data_end <= w.start {
+        return None;
+    }
+    let entry = a.index.lookup_offset(u32::try_from(from - a.base).unwrap_or(u32::MAX));
+    let mut pos = u64::from(entry.pos).max(w.start);
+    let (start_pos, first) = loop {
+        if pos >= data_end {
+            return None;
+        }
+        let h = hot_header(&w, pos)?;
+        if h.base_offset > from {
+            return None; // the batch holding `from` precedes the window
+        }
+        if h.last_offset() >= from {
+            break (pos, h);
+        }
+        pos += h.total_bytes() as u64;
+    };
+    let first_end = start_pos + first.total_bytes() as u64;
+    let limit = (start_pos + max_bytes as u64).max(first_end).min(data_end);
+    let (mut end_pos, mut last_offset) = (first_end, first.last_offset());
+    if limit >= data_end {
+        end_pos = data_end;
+        last_offset = hw - 1;
+    } else if limit > first_end {
+        let e = a.index.lookup_pos(limit);
+        if u64::from(e.pos) > first_end {
+            end_pos = u64::from(e.pos);
+            last_offset = a.base + u64::from(e.rel_offset) - 1;
+        }
+        while let Some(h) = hot_header(&w, end_pos) {
+            let end = end_pos + h.total_bytes() as u64;
+            if end > limit {
+                break;
+            }
+            end_pos = end;
+            last_offset = h.last_offset();
+        }
+    }
+    if end_pos > data_end || !w.covers(a.base, start_pos, end_pos) {
+        return None;
+    }
+    Some(LogRead {
+        first_offset: Offset(first.base_offset),
+        last_offset: Offset(last_offset),
+        bytes: (end_pos - start_pos) as usize,
+        chunks: w.slices(start_pos, end_pos).into_iter().map(ReadChunk::Memory).collect(),
+    })
 }
 
 /// Index lookup in the segment at `base`: by relative offset or by position.
@@ -114,6 +186,9 @@ pub(super) async fn read(sh: &Rc<Shared>, from: Offset, max_bytes: usize) -> Res
         }
         if from.0 >= st.high_watermark(&sh.config).0 {
             return Ok(LogRead::empty(from));
+        }
+        if let Some(hot) = read_hot(sh, &st, from.0, max_bytes) {
+            return Ok(hot);
         }
         plan_for(&st, &sh.config, from.0)
     };

@@ -113,7 +113,7 @@ async fn scan_segment(dir: &Path, base: u64, size: u64, config: &TopicConfig) ->
     Ok(scan)
 }
 
-pub(super) async fn open(dir: PathBuf, config: TopicConfig) -> Result<Log, LogError> {
+pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions) -> Result<Log, LogError> {
     // One-off blocking metadata calls at open (mkdir -p, statfs, readdir):
     // glommio has no async versions and they run once per partition.
     std::fs::create_dir_all(&dir).map_err(|e| LogError::io("creating directory", &dir, e))?;
@@ -175,6 +175,8 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig) -> Result<Log, LogEr
         reader.read_bytes(tail_start, (scan.valid_bytes - tail_start) as usize).await?
     };
     let active = Active::new(block, base, path, file, reader, scan, tail);
+    let hot =
+        hot::HotWindow::new(options.hot_tail.clone(), options.hot_tail_log_bytes_max, base, active.end_pos);
     let interval = match config.flush {
         FlushPolicy::Interval { ms, .. } => Some(Duration::from_millis(ms.max(1))),
         _ => None,
@@ -193,7 +195,12 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig) -> Result<Log, LogEr
             rolling: false,
             roll_gen: 0,
             roll_error: None,
-            write_busy: false,
+            writes_in_flight: 0,
+            issued_end: 0,
+            write_seq_issue: 0,
+            write_seq_complete: 0,
+            write_done: std::collections::BTreeMap::new(),
+            write_gen: 0,
             sync_busy: false,
             unwritten: VecDeque::new(),
             unsynced: VecDeque::new(),
@@ -203,6 +210,8 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig) -> Result<Log, LogEr
             open_readers: VecDeque::new(),
         }),
         changed: Notify::default(),
+        hot,
+        open_readers_max: options.open_readers_max.max(2),
     });
     if marker.is_some() {
         remove_if_exists(&sh.dir.join(CLEAN_SHUTDOWN_FILE)).await?;
@@ -339,6 +348,7 @@ async fn truncate_inner(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
     for ext in [INDEX_EXT, TIME_INDEX_EXT] {
         remove_if_exists(&segment::segment_path(&sh.dir, seg_base, ext)).await?;
     }
+    let scan_end = scan.valid_bytes;
     let tail_start = align_down(scan.valid_bytes, sh.block);
     let tail = reader.read_bytes(tail_start, (scan.valid_bytes - tail_start) as usize).await?;
     let new = Active::new(sh.block, seg_base, path, file, reader, scan, tail);
@@ -350,6 +360,7 @@ async fn truncate_inner(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
         }
         std::mem::replace(&mut st.active, new)
     };
+    sh.hot.borrow_mut().reset(seg_base, scan_end);
     close_dma(old.file, &old.path).await?;
     tracing::info!(dir = %sh.dir.display(), offset, "log truncated");
     sync_dir(&sh.dir).await
