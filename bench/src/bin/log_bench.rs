@@ -7,7 +7,7 @@
 //!
 //! Sections (each bounded to seconds; files are removed afterwards):
 //! 1. append throughput, flush=interval, vs fio O_DIRECT sequential write at
-//!    the appender's queue depth (1 write in flight), per GiB of a multi-GiB
+//!    queue depth 1 and 8 (the appender keeps up to 2 writes in flight), per GiB of a multi-GiB
 //!    log (first vs last GiB: the O(1) check, scaled down from 20 GiB);
 //! 2. flush=always with 64 concurrent appenders: fdatasyncs per append and
 //!    p99 append latency vs fio's fdatasync p99;
@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use hdrhistogram::Histogram;
 use shardlog_broker::config::{FlushPolicy, TopicConfig};
-use shardlog_broker::log::Log;
+use shardlog_broker::log::{Log, LogOptions};
 use shardlog_schema::batch::BatchBuilder;
 use shardlog_schema::Offset;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -81,6 +81,10 @@ struct Args {
     /// Seconds of the flush=always section.
     #[arg(long, default_value_t = 8)]
     always_secs: u64,
+    /// Open read-handle bound per log in the lookup section
+    /// (`LogOptions::open_readers_max`).
+    #[arg(long, default_value_t = shardlog_broker::log::OPEN_READERS_DEFAULT)]
+    open_readers_max: usize,
     /// Largest segment count of the lookup section.
     #[arg(long, default_value_t = 10_000)]
     segments_max: usize,
@@ -322,6 +326,7 @@ fn always_64(args: &Args) -> Result<Always> {
 struct Lookup {
     filesystem: String,
     segment_bytes: u64,
+    open_readers_max: usize,
     points: Vec<LookupPoint>,
     p50_ratio_last_to_first: f64,
 }
@@ -346,6 +351,7 @@ fn lookup_flatness(args: &Args) -> Result<Lookup> {
     let _ignored = std::fs::remove_dir_all(&root);
     let fs = if on_shm { "tmpfs (/dev/shm)".to_string() } else { "disk".to_string() };
     let segments_max = args.segments_max;
+    let open_readers_max = args.open_readers_max;
     let segment_bytes: u64 = 64 << 10;
     let points = run_glommio(move || async move {
         let config = TopicConfig {
@@ -355,7 +361,10 @@ fn lookup_flatness(args: &Args) -> Result<Lookup> {
             index_interval_bytes: 4096,
             ..TopicConfig::default()
         };
-        let log = Log::open(root.clone(), config).await.expect("open");
+        // The file path is measured: no hot tail (it would serve the
+        // 1-segment point from memory and hide the lookup cost).
+        let options = LogOptions { hot_tail_log_bytes_max: 0, open_readers_max, ..LogOptions::default() };
+        let log = Log::open_with(root.clone(), config, options).await.expect("open");
         let pool = batch_pool(1024, 32, now_ms());
         let mut points = Vec::new();
         let mut target = 1;
@@ -403,7 +412,7 @@ fn lookup_flatness(args: &Args) -> Result<Lookup> {
         points
     });
     let ratio = points.last().map_or(0.0, |l| l.p50_us) / points.first().map_or(1.0, |f| f.p50_us);
-    Ok(Lookup { filesystem: fs, segment_bytes, points, p50_ratio_last_to_first: ratio })
+    Ok(Lookup { filesystem: fs, segment_bytes, open_readers_max, points, p50_ratio_last_to_first: ratio })
 }
 
 #[derive(serde::Serialize, Debug)]

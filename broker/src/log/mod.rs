@@ -703,7 +703,10 @@ impl State {
         }
         let block = sh.block;
         let a = &mut self.active;
-        if a.unwritten_batches.is_empty() || self.writes_in_flight >= WRITES_IN_FLIGHT_MAX {
+        // `fill_len == 0`: everything is issued (a write in flight ended on a
+        // block boundary and carried nothing over).
+        if a.unwritten_batches.is_empty() || a.fill_len == 0 || self.writes_in_flight >= WRITES_IN_FLIGHT_MAX
+        {
             return None;
         }
         // A write may not touch a block an earlier write still in flight
