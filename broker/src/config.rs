@@ -248,6 +248,11 @@ pub struct BrokerConfig {
     /// Prometheus `/metrics` listener.
     pub admin_listen: Option<SocketAddr>,
     pub fetch_path: FetchPath,
+    /// Memory each shard keeps for recently appended batches (the hot tail
+    /// served to consumers at the end of the log); 0 turns it off.
+    pub hot_tail_shard_bytes: u64,
+    /// Most hot-tail bytes of one partition.
+    pub hot_tail_partition_bytes: u64,
 }
 
 impl BrokerConfig {
@@ -266,6 +271,8 @@ impl BrokerConfig {
             retention_check_interval: Duration::from_secs(30),
             admin_listen: None,
             fetch_path: FetchPath::Splice,
+            hot_tail_shard_bytes: crate::log::HOT_TAIL_SHARD_BYTES_DEFAULT,
+            hot_tail_partition_bytes: crate::log::HOT_TAIL_LOG_BYTES_DEFAULT,
         }
     }
 }

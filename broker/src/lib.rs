@@ -195,6 +195,7 @@ const START_ATTEMPTS_MAX: u32 = 5;
 
 fn start_once(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
     check_config(&config)?;
+    raise_open_files_limit();
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|source| BrokerError::DataDir { path: config.data_dir.clone(), source })?;
     let data_dir = config
@@ -454,6 +455,27 @@ async fn retention_loop(ctx: Rc<ShardContext>) {
             }
             glommio::yield_if_needed().await;
         }
+    }
+}
+
+/// Each partition holds a few files open (active segment, its index and read
+/// handles), so raise the soft open-files limit to the hard one at start.
+fn raise_open_files_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `lim` is a valid rlimit for getrlimit to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 || lim.rlim_cur >= lim.rlim_max {
+        return;
+    }
+    let wanted = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+    // SAFETY: `wanted` is a valid rlimit; raising the soft limit up to the
+    // hard one needs no privilege.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) } == 0 {
+        tracing::debug!(from = lim.rlim_cur, to = lim.rlim_max, "raised the open-files limit");
+    } else {
+        tracing::warn!(
+            limit = lim.rlim_cur,
+            "cannot raise the open-files limit; many partitions may fail to open"
+        );
     }
 }
 

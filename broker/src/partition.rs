@@ -6,7 +6,7 @@
 //! it validates input and delegates to `log`.
 
 use crate::config::TopicConfig;
-use crate::log::{AppendInfo, Log, LogError, LogRead};
+use crate::log::{AppendInfo, Log, LogError, LogOptions, LogRead};
 use shardlog_schema::batch::{self, BatchIter};
 use shardlog_schema::{ErrorCode, Offset};
 use std::cell::{Cell, RefCell};
@@ -127,8 +127,9 @@ impl Partition {
         topic: Rc<str>,
         id: u32,
         config: TopicConfig,
+        options: LogOptions,
     ) -> Result<Partition, LogError> {
-        let log = Log::open(dir, config.clone()).await?;
+        let log = Log::open_with(dir, config.clone(), options).await?;
         Ok(Partition { topic, id, log, config, leader_epoch: Cell::new(0), data: Rc::default() })
     }
 

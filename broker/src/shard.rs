@@ -144,6 +144,8 @@ pub struct ShardContext {
     /// Produce payload bytes held by this shard's connections.
     pub buffered_bytes: Rc<Semaphore>,
     pub metrics: crate::metrics::ShardMetrics,
+    /// Shard-wide log settings: the hot-tail budget shared by all its logs.
+    log_options: crate::log::LogOptions,
     /// The splice engine, when fetches splice (see `config::FetchPath`).
     pub splicer: Option<Rc<crate::io::splice::Splicer>>,
     /// Only on shard 0.
@@ -161,6 +163,11 @@ impl ShardContext {
         splicer: Option<Rc<crate::io::splice::Splicer>>,
     ) -> Rc<ShardContext> {
         let shard_count = u16::try_from(config.shards).expect("shard count fits u16");
+        let log_options = crate::log::LogOptions {
+            hot_tail: crate::log::HotTailBudget::new(config.hot_tail_shard_bytes),
+            hot_tail_log_bytes_max: config.hot_tail_partition_bytes,
+            ..Default::default()
+        };
         Rc::new(ShardContext {
             id,
             shard_count,
@@ -177,6 +184,7 @@ impl ShardContext {
             shutting_down: Cell::new(false),
             metrics: crate::metrics::ShardMetrics::default(),
             splicer,
+            log_options,
             store,
         })
     }
@@ -220,7 +228,7 @@ impl ShardContext {
                 continue;
             }
             let dir = partition_dir(&self.config.data_dir, &meta.name, p);
-            let part = Partition::open(dir, name.clone(), p, meta.config.clone())
+            let part = Partition::open(dir, name.clone(), p, meta.config.clone(), self.log_options.clone())
                 .await
                 .map_err(|e| format!("cannot open partition {}-{p}: {e}", meta.name))?;
             slots[p as usize] = Some(Rc::new(part));

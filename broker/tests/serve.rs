@@ -608,3 +608,24 @@ fn torn_tail_is_truncated_and_the_log_continues() {
     assert_eq!(c.produce("torn", 0, &batch_of(&["after"])), (ErrorCode::None, expected.len() as i64));
     handle.shutdown().expect("clean shutdown");
 }
+
+#[test]
+fn tail_consumers_are_served_from_memory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let handle = broker_with(dir.path(), |c| c.admin_listen = Some("127.0.0.1:0".parse().expect("addr")));
+    let owner = shard_for("hot", PartitionId(0), 2).0 as usize;
+    let mut c = Conn::open(handle.ready.shard_ports[owner]);
+    assert_eq!(c.create_topic("hot", 1), ErrorCode::None);
+    let expected = fill(&mut c, "hot", 20, 10); // ~200 KB: well inside the hot tail
+    let (err, data, _) = c.fetch("hot", 0, 0, 0);
+    assert_eq!(err, ErrorCode::None);
+    let got: Vec<String> =
+        values(&data).into_iter().map(|(_, v)| String::from_utf8(v).expect("utf8")).collect();
+    assert_eq!(got, expected);
+    let metrics = scrape(handle.ready.admin.expect("admin"));
+    let hot = counter(&metrics, "fetch_bytes_total", "path=\"hot_tail\"");
+    let disk = counter(&metrics, "fetch_bytes_total", "path=\"splice\"")
+        + counter(&metrics, "fetch_bytes_total", "path=\"plain\"");
+    assert_eq!((hot, disk), (data.len() as u64, 0), "tail reads must not touch the disk");
+    handle.shutdown().expect("clean shutdown");
+}

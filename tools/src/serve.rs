@@ -65,6 +65,13 @@ pub struct ServeArgs {
     /// back to plain with a warning where unavailable) or `plain` (read + send).
     #[arg(long, env = "SHARDLOG_FETCH_PATH", value_name = "splice|plain")]
     fetch_path: Option<String>,
+    /// Memory per shard for recently appended batches served to consumers at
+    /// the log end (hot tail); 0 turns it off.
+    #[arg(long)]
+    hot_tail_shard_bytes: Option<u64>,
+    /// Most hot-tail bytes of one partition.
+    #[arg(long)]
+    hot_tail_partition_bytes: Option<u64>,
     /// Default topic setting `name=value` (Kafka names), repeatable.
     #[arg(long = "topic-default", value_name = "KEY=VALUE")]
     topic_defaults: Vec<String>,
@@ -90,6 +97,12 @@ pub fn build_config(args: ServeArgs) -> anyhow::Result<BrokerConfig> {
         config.shards = n;
     }
     config.admin_listen = args.admin_listen.or(file.admin_listen);
+    if let Some(b) = args.hot_tail_shard_bytes.or(file.hot_tail_shard_bytes) {
+        config.hot_tail_shard_bytes = b;
+    }
+    if let Some(b) = args.hot_tail_partition_bytes.or(file.hot_tail_partition_bytes) {
+        config.hot_tail_partition_bytes = b;
+    }
     if let Some(path) = args.fetch_path.or(file.fetch_path) {
         config.fetch_path = path.parse().map_err(|e: String| anyhow::anyhow!(e))?;
     }
