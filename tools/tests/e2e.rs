@@ -68,9 +68,10 @@ const PARTITIONS: u32 = 8;
 const MESSAGES: u64 = 100_000;
 
 async fn consume_all(bootstrap: &str, topic: &str, expect: u64) -> BTreeMap<u32, Vec<(u64, String)>> {
-    let mut consumer = Consumer::new(ConsumerConfig { client: ClientConfig::new(bootstrap), ..Default::default() })
-        .await
-        .expect("consumer");
+    let mut consumer =
+        Consumer::new(ConsumerConfig { client: ClientConfig::new(bootstrap), ..Default::default() })
+            .await
+            .expect("consumer");
     let parts: Vec<(String, u32)> = (0..PARTITIONS).map(|p| (topic.to_string(), p)).collect();
     consumer.assign(&parts, SeekTo::Earliest).await.expect("assign");
     let mut got: BTreeMap<u32, Vec<(u64, String)>> = BTreeMap::new();
@@ -79,7 +80,9 @@ async fn consume_all(bootstrap: &str, topic: &str, expect: u64) -> BTreeMap<u32,
     while total < expect {
         assert!(Instant::now() < deadline, "consumed only {total} of {expect}");
         for r in consumer.poll(Duration::from_millis(500)).await.expect("poll") {
-            got.entry(r.partition).or_default().push((r.offset, String::from_utf8(r.value.to_vec()).expect("utf8")));
+            got.entry(r.partition)
+                .or_default()
+                .push((r.offset, String::from_utf8(r.value.to_vec()).expect("utf8")));
             total += 1;
         }
     }
