@@ -1,0 +1,254 @@
+//! Fetch-path benchmark (issue 4): splice against read + send.
+//!
+//! For each fetch path it spawns a real `shardlog serve --shards 1
+//! --fetch-path P`, writes a backlog with the real producer, then drains it
+//! with a raw fetch loop (one request in flight, response bytes discarded so
+//! the client costs almost nothing), cold (page cache dropped first) and warm.
+//! It reports MB/s and broker CPU seconds per GB served (from
+//! `/proc/<pid>/stat`), next to fio's O_DIRECT sequential read bandwidth
+//! measured in the same run.
+//!
+//! ```text
+//! cargo build --release -p shardlog -p shardlog-bench
+//! target/release/fetch_bench --gib 2 --out perf-reports
+//! ```
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use serde_json::json;
+use shardlog_client::protocol::{encode_fetch, FetchParams, FetchTarget};
+use shardlog_client::{Acks, Admin, ClientConfig, Producer, ProducerConfig, ProducerRecord};
+use shardlog_schema::frame::FrameLimits;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Backlog size per path, GiB.
+    #[arg(long, default_value_t = 2.0)]
+    gib: f64,
+    #[arg(long, default_value_t = 1024)]
+    value_bytes: usize,
+    /// Bytes asked for per fetch.
+    #[arg(long, default_value_t = 8 << 20)]
+    fetch_bytes: u32,
+    /// The broker binary (default: `shardlog` next to this binary).
+    #[arg(long)]
+    broker_bin: Option<PathBuf>,
+    /// Where the brokers keep their data (removed afterwards).
+    #[arg(long, default_value = "target/fetch-bench-data")]
+    data_dir: PathBuf,
+    /// Directory for the Markdown and JSON report; none: print only.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+struct Broker {
+    child: Child,
+    shard_port: u16,
+    listen: String,
+}
+
+impl Broker {
+    fn spawn(bin: &Path, dir: &Path, path: &str) -> Result<Broker> {
+        let mut child = Command::new(bin)
+            .args(["serve", "--listen", "127.0.0.1:0", "--shards", "1", "--fetch-path", path, "--data-dir"])
+            .arg(dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("spawn {}", bin.display()))?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
+        let field = |name: &str| -> Result<String> {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .map(str::to_string)
+                .with_context(|| format!("no {name} in ready line {line:?}"))
+        };
+        let listen = field("listen=")?;
+        let shard_port = field("shard_ports=")?.parse()?;
+        Ok(Broker { child, shard_port, listen })
+    }
+
+    /// utime + stime of the broker process, seconds.
+    fn cpu_seconds(&self) -> Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        let after = stat.rsplit_once(')').context("stat format")?.1;
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+        // SAFETY: sysconf reads a constant; no memory is passed.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        Ok(ticks / hz)
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn drop_caches() -> Result<()> {
+    // SAFETY: sync takes no arguments.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3").context("drop page cache (needs root)")
+}
+
+async fn write_backlog(bootstrap: &str, total_bytes: u64, value_bytes: usize) -> Result<u64> {
+    let admin = Admin::connect(ClientConfig::new(bootstrap)).await?;
+    admin.create_topic("fetchbench", 1, &[("segment.bytes".into(), (256u64 << 20).to_string())]).await?;
+    let producer = Producer::new(ProducerConfig {
+        client: ClientConfig::new(bootstrap),
+        acks: Acks::Leader,
+        ..Default::default()
+    })
+    .await?;
+    let value = bytes::Bytes::from(vec![b'x'; value_bytes]);
+    let count = total_bytes / value_bytes as u64;
+    let mut pending = std::collections::VecDeque::new();
+    for _ in 0..count {
+        pending.push_back(
+            producer.send(ProducerRecord::new("fetchbench", value.clone()).with_partition(0)).await?,
+        );
+        if pending.len() > 100_000 {
+            pending.pop_front().expect("queued").await?;
+        }
+    }
+    for d in pending {
+        d.await?;
+    }
+    producer.close().await?;
+    Ok(count)
+}
+
+/// Drains the partition from offset 0 with raw fetches; returns bytes read.
+fn drain(port: u16, records: u64, fetch_bytes: u32) -> Result<u64> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_nodelay(true)?;
+    let limits = FrameLimits { header_bytes_max: 1 << 20, payload_bytes_max: u32::MAX };
+    let params = FetchParams { max_wait_ms: 0, min_bytes: 1, max_bytes: fetch_bytes };
+    let mut payload = vec![0u8; fetch_bytes as usize * 2];
+    let (mut next, mut total, mut corr) = (0u64, 0u64, 0u32);
+    while next < records {
+        corr += 1;
+        let target =
+            FetchTarget { topic: "fetchbench".into(), partition: 0, offset: next, max_bytes: fetch_bytes };
+        s.write_all(&encode_fetch(corr, "fetch-bench", params, &[target]))?;
+        let mut prefix = [0u8; 4];
+        s.read_exact(&mut prefix)?;
+        let mut header = vec![0u8; u32::from_le_bytes(prefix) as usize];
+        s.read_exact(&mut header)?;
+        let frame = limits.verify_response(&header)?;
+        let n = frame.payload_bytes() as usize;
+        let part = frame.body_as_fetch_response().and_then(|b| b.partitions()).context("fetch body")?.get(0);
+        if part.error() != shardlog_schema::ErrorCode::None || part.last_offset() < 0 {
+            bail!("fetch at {next} failed: {:?} {:?}", part.error(), part.error_message());
+        }
+        if payload.len() < n {
+            payload.resize(n, 0);
+        }
+        s.read_exact(&mut payload[..n])?;
+        total += n as u64;
+        next = part.last_offset() as u64 + 1;
+    }
+    Ok(total)
+}
+
+fn fio_read(dir: &Path, gib: f64) -> Result<f64> {
+    let file = dir.join("fio-read.dat");
+    let size = format!("{}m", (gib * 1024.0) as u64);
+    let out = Command::new("fio")
+        .args(["--name=r", "--ioengine=io_uring", "--direct=1", "--rw=read", "--bs=1M", "--iodepth=1"])
+        .arg(format!("--filename={}", file.display()))
+        .arg(format!("--size={size}"))
+        .args(["--runtime=20", "--output-format=json"])
+        .output()
+        .context("run fio (apt-get install fio)")?;
+    std::fs::remove_file(&file).ok();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("fio json")?;
+    let bw_kib = v["jobs"][0]["read"]["bw"].as_f64().context("fio read bw")?;
+    Ok(bw_kib * 1024.0 / 1e6)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let bin = match &args.broker_bin {
+        Some(b) => b.clone(),
+        None => std::env::current_exe()?.with_file_name("shardlog"),
+    };
+    std::fs::create_dir_all(&args.data_dir)?;
+    let fio_mb_s = fio_read(&args.data_dir, args.gib)?;
+    println!("fio O_DIRECT sequential read: {fio_mb_s:.0} MB/s");
+    let total_bytes = (args.gib * (1u64 << 30) as f64) as u64;
+    let mut rows = Vec::new();
+    for path in ["splice", "plain"] {
+        let dir = args.data_dir.join(path);
+        std::fs::remove_dir_all(&dir).ok();
+        let broker = Broker::spawn(&bin, &dir, path)?;
+        eprintln!("[{path}] writing {:.2} GiB backlog", args.gib);
+        let records = write_backlog(&broker.listen, total_bytes, args.value_bytes).await?;
+        eprintln!("[{path}] {records} records written; draining");
+        for cache in ["cold", "warm"] {
+            if cache == "cold" {
+                drop_caches()?;
+            }
+            let cpu0 = broker.cpu_seconds()?;
+            let started = Instant::now();
+            let port = broker.shard_port;
+            let fetch_bytes = args.fetch_bytes;
+            let bytes = tokio::task::spawn_blocking(move || drain(port, records, fetch_bytes)).await??;
+            let secs = started.elapsed().as_secs_f64();
+            let cpu = broker.cpu_seconds()? - cpu0;
+            let mb_s = bytes as f64 / secs / 1e6;
+            let row = json!({
+                "path": path, "cache": cache, "bytes": bytes, "seconds": secs, "mb_per_s": mb_s,
+                "broker_cpu_s_per_gb": cpu / (bytes as f64 / 1e9), "ratio_to_fio_read": mb_s / fio_mb_s,
+            });
+            println!("{row}");
+            rows.push(row);
+        }
+        drop(broker);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+    if let Some(out) = &args.out {
+        write_report(out, fio_mb_s, &args, &rows)?;
+    }
+    Ok(())
+}
+
+fn write_report(out: &Path, fio_mb_s: f64, args: &Args, rows: &[serde_json::Value]) -> Result<()> {
+    let date = Command::new("date").arg("+%F").output()?.stdout;
+    let date = String::from_utf8_lossy(&date).trim().to_string();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+    let report = json!({
+        "bench": "fetch_bench", "date": date, "kernel": kernel, "gib": args.gib,
+        "value_bytes": args.value_bytes, "fetch_bytes": args.fetch_bytes,
+        "fio_o_direct_seq_read_mb_s": fio_mb_s, "rows": rows,
+    });
+    std::fs::write(out.join(format!("fetch-{date}.json")), serde_json::to_string_pretty(&report)?)?;
+    let mut md = format!(
+        "# Fetch paths: splice vs read + send ({date})\n\n{} GiB backlog of {} B records, one partition, one \
+         shard, raw fetch loop with {} MiB per fetch. fio O_DIRECT sequential read in the same run: {fio_mb_s:.0} MB/s.\n\n\
+         | path | cache | MB/s | x fio read | broker CPU s/GB |\n|---|---|---|---|---|\n",
+        args.gib,
+        args.value_bytes,
+        args.fetch_bytes >> 20
+    );
+    for r in rows {
+        md.push_str(&format!(
+            "| {} | {} | {:.0} | {:.2} | {:.3} |\n",
+            r["path"].as_str().unwrap_or(""),
+            r["cache"].as_str().unwrap_or(""),
+            r["mb_per_s"].as_f64().unwrap_or(0.0),
+            r["ratio_to_fio_read"].as_f64().unwrap_or(0.0),
+            r["broker_cpu_s_per_gb"].as_f64().unwrap_or(0.0),
+        ));
+    }
+    std::fs::write(out.join(format!("fetch-{date}.md")), md)?;
+    Ok(())
+}
