@@ -83,6 +83,8 @@ pub(crate) struct ResponseFuture {
     rx: Option<oneshot::Receiver<Result<RawResponse>>>,
     addr: String,
     timeout: Duration,
+    /// The connection's closed flag: a timed-out request marks it closed.
+    closed: Arc<AtomicBool>,
 }
 
 impl ResponseFuture {
@@ -95,7 +97,13 @@ impl ResponseFuture {
         match tokio::time::timeout(self.timeout + extra, rx).await {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err(ClientError::ConnectionClosed(self.addr)),
-            Err(_) => Err(ClientError::Timeout),
+            Err(_) => {
+                // A peer that stops answering (a hung broker, or a socket a
+                // stopped broker never closed) is not trusted again: the next
+                // caller reconnects (Kafka does the same on request timeout).
+                self.closed.store(true, Ordering::Relaxed);
+                Err(ClientError::Timeout)
+            }
         }
     }
 }
@@ -170,7 +178,12 @@ impl Connection {
             None => (None, None),
         };
         self.inner.tx.send(Outgoing { bufs, pending }).await.map_err(|_| closed())?;
-        Ok(ResponseFuture { rx, addr: self.inner.addr.clone(), timeout: self.inner.request_timeout })
+        Ok(ResponseFuture {
+            rx,
+            addr: self.inner.addr.clone(),
+            timeout: self.inner.request_timeout,
+            closed: self.inner.closed.clone(),
+        })
     }
 
     /// Submits a request and waits for its response.
@@ -393,4 +406,46 @@ fn deliver(
         None => tracing::warn!(%addr, corr, "response for an unknown correlation id ignored"),
     }
     failed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(corr: u32) -> RawResponse {
+        RawResponse {
+            header: Bytes::from(corr.to_le_bytes().to_vec()),
+            payload: Bytes::new(),
+            limits: FrameLimits::default(),
+        }
+    }
+
+    /// Responses matched by correlation id whatever their order, including
+    /// ones whose registration is still queued when they arrive; in-flight
+    /// permits come back as responses are delivered.
+    #[test]
+    fn responses_reach_their_callers_in_any_order() {
+        let in_flight = Arc::new(Semaphore::new(4));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut pending = HashMap::new();
+        let mut replies = Vec::new();
+        for corr in 1..=4u32 {
+            let (reply, r) = oneshot::channel();
+            let permit = in_flight.clone().try_acquire_owned().expect("permit");
+            tx.send(ReaderMsg::Expect(Pending { corr, reply, _permit: permit })).expect("queued");
+            replies.push((corr, r));
+        }
+        assert_eq!(in_flight.available_permits(), 0);
+        for corr in [4u32, 2, 3, 1] {
+            assert!(deliver(&mut pending, &mut rx, response(corr), corr, "peer").is_none());
+        }
+        // An answer nobody waits for is ignored, not misdelivered.
+        assert!(deliver(&mut pending, &mut rx, response(99), 99, "peer").is_none());
+        for (corr, mut r) in replies {
+            let got = r.try_recv().expect("answered").expect("ok");
+            assert_eq!(got.header[..], corr.to_le_bytes());
+        }
+        assert!(pending.is_empty());
+        assert_eq!(in_flight.available_permits(), 4);
+    }
 }

@@ -33,7 +33,21 @@ pub use producer::{
 pub use protocol::{BrokerInfo, ClusterMetadata, PartitionInfo, TopicMetadata};
 pub use shardlog_schema::ErrorCode;
 
+// Behaviour is tested against the real broker in `tests/`; unit tests here
+// cover the pure parts (codec, demultiplexing, partitioning).
+
 #[cfg(test)]
-mod testing;
-#[cfg(test)]
-mod tests;
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_are_thread_safe() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<Producer>();
+        send_sync::<Admin>();
+        send::<Consumer>();
+        send::<DeliveryFuture>();
+        send_sync::<ClientError>();
+    }
+}

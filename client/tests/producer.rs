@@ -1,0 +1,221 @@
+//! Producer against a real in-process broker: delivery, offsets, batching,
+//! partitioning, errors, acks=0, back-pressure and retries across a restart.
+
+mod common;
+
+use common::{b, client, consume, create, producer_config, TestBroker, DEADLINE};
+use shardlog_client::{
+    Acks, Admin, ClientError, DefaultPartitioner, Producer, ProducerConfig, ProducerRecord, OFFSET_UNKNOWN,
+};
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produce_then_consume_round_trips_in_order() {
+    let broker = TestBroker::start().await;
+    create(&broker, "t", 3).await;
+    let producer = Producer::new(producer_config(&broker)).await.expect("producer");
+    let mut futures = Vec::new();
+    for i in 0..3000u32 {
+        let mut r = ProducerRecord::new("t", format!("v{i}")).with_partition(i % 3);
+        if i.is_multiple_of(2) {
+            r = r.with_key(format!("k{i}")).with_header("h", b("x"));
+        }
+        futures.push(producer.send(r).await.expect("send"));
+    }
+    let mut next = [0u64; 3];
+    for (i, f) in futures.into_iter().enumerate() {
+        let md = f.await.expect("delivered");
+        assert_eq!((md.topic.as_str(), md.partition), ("t", i as u32 % 3));
+        assert_eq!(md.offset, next[md.partition as usize], "offsets are dense and in send order");
+        next[md.partition as usize] += 1;
+    }
+    producer.close().await.expect("close");
+    let parts: Vec<(String, u32)> = (0..3).map(|p| ("t".to_string(), p)).collect();
+    let got = consume(&broker, &parts, 3000).await;
+    assert_eq!(got.len(), 3000);
+    let mut seen = [0u64; 3];
+    for r in &got {
+        assert_eq!(r.offset, seen[r.partition as usize], "consumed in offset order");
+        seen[r.partition as usize] += 1;
+        let i = r.offset as u32 * 3 + r.partition;
+        assert_eq!(r.value, format!("v{i}").as_bytes());
+        if i.is_multiple_of(2) {
+            assert_eq!(r.key.as_deref(), Some(format!("k{i}").as_bytes()));
+            assert_eq!(r.headers, vec![("h".to_string(), b("x"))]);
+        } else {
+            assert_eq!((r.key.as_deref(), r.headers.len()), (None, 0));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_are_batched_and_keys_hash_stably() {
+    let broker = TestBroker::start().await;
+    create(&broker, "t", 4).await;
+    let before = broker.metric("shardlog_produce_requests_total").await;
+    let config = ProducerConfig { linger_ms: 200, ..producer_config(&broker) };
+    let producer = Producer::new(config).await.expect("producer");
+    let mut futures = Vec::new();
+    for i in 0..2000u32 {
+        let r = ProducerRecord::new("t", b("v")).with_key(format!("key{}", i % 10));
+        futures.push(producer.send(r).await.expect("send"));
+    }
+    producer.flush().await.expect("flush");
+    let mut next = [0u64; 4];
+    for (i, f) in futures.into_iter().enumerate() {
+        let md = f.await.expect("delivered");
+        let key = format!("key{}", i % 10);
+        assert_eq!(md.partition, DefaultPartitioner::for_key(key.as_bytes(), 4));
+        assert_eq!(md.offset, next[md.partition as usize]);
+        next[md.partition as usize] += 1;
+    }
+    // 2000 records flushed together: a handful of produce requests, not 2000
+    // (one per owner shard per flush or linger window).
+    let requests = broker.metric("shardlog_produce_requests_total").await - before;
+    assert!((1..=8).contains(&requests), "{requests} produce requests for 2000 records");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyless_records_stick_to_one_partition_per_batch() {
+    let broker = TestBroker::start().await;
+    create(&broker, "t", 4).await;
+    // A long linger: the 100 records are sealed by the flush, as one batch.
+    let config = ProducerConfig { linger_ms: 60_000, ..producer_config(&broker) };
+    let producer = Producer::new(config).await.expect("producer");
+    let mut futures = Vec::new();
+    for _ in 0..100 {
+        futures.push(producer.send(ProducerRecord::new("t", b("v"))).await.expect("send"));
+    }
+    producer.flush().await.expect("flush");
+    let mut partitions = BTreeSet::new();
+    for f in futures {
+        partitions.insert(f.await.expect("delivered").partition);
+    }
+    assert_eq!(partitions.len(), 1, "one batch on one partition");
+    // The next batch goes elsewhere: stickiness moves on when a batch is sealed.
+    let next = producer.send(ProducerRecord::new("t", b("w"))).await.expect("send");
+    producer.flush().await.expect("flush");
+    let next = next.await.expect("delivered");
+    assert!(!partitions.contains(&next.partition), "sticky partition moved on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_topic_and_partition_fail_at_once() {
+    let broker = TestBroker::start().await;
+    create(&broker, "t", 1).await;
+    let producer = Producer::new(producer_config(&broker)).await.expect("producer");
+    let err = producer.send_and_wait(ProducerRecord::new("nope", b("c"))).await.expect_err("unknown topic");
+    assert!(matches!(err, ClientError::UnknownTopic(ref t) if t == "nope"), "{err}");
+    let err = producer
+        .send_and_wait(ProducerRecord::new("t", b("c")).with_partition(9))
+        .await
+        .expect_err("bad partition");
+    assert!(matches!(err, ClientError::UnknownPartition { partition: 9, .. }), "{err}");
+    let md = producer.send_and_wait(ProducerRecord::new("t", b("ok"))).await.expect("still works");
+    assert_eq!(md.offset, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_none_gets_no_offset_but_data_lands() {
+    let broker = TestBroker::start().await;
+    create(&broker, "t", 1).await;
+    let config = ProducerConfig { acks: Acks::None, ..producer_config(&broker) };
+    let producer = Producer::new(config).await.expect("producer");
+    for i in 0..10 {
+        let md = producer.send_and_wait(ProducerRecord::new("t", format!("a{i}"))).await.expect("written");
+        assert_eq!(md.offset, OFFSET_UNKNOWN);
+    }
+    producer.close().await.expect("close");
+    let got = consume(&broker, &[("t".to_string(), 0)], 10).await;
+    let values: Vec<_> = got.iter().map(|r| r.value.clone()).collect();
+    assert_eq!(values, (0..10).map(|i| bytes::Bytes::from(format!("a{i}"))).collect::<Vec<_>>());
+}
+
+/// Polls a future once (outside tokio's co-operative budget, so `Pending`
+/// really means "waiting").
+fn poll_once<F: Future>(f: std::pin::Pin<&mut F>) -> Poll<F::Output> {
+    f.poll(&mut Context::from_waker(Waker::noop()))
+}
+
+/// The broker goes away: records stay buffered while the producer retries,
+/// `send` blocks once `buffer_bytes_max` is reached, and everything is
+/// delivered (offsets continuing the log) once the broker is back on its port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_blocks_while_the_broker_is_down_and_retries_deliver_after_restart() {
+    let mut broker = TestBroker::start().await;
+    create(&broker, "t", 1).await;
+    // `BrokerHandle::shutdown` leaves accepted sockets open (a stopped
+    // in-process broker never answers nor closes them), so requests on the
+    // old connections end by timeout, which makes the client reconnect.
+    let mut client = client(&broker);
+    client.request_timeout_ms = 500;
+    let config = ProducerConfig {
+        client,
+        buffer_bytes_max: 64 << 10,
+        batch_bytes: 16 << 10,
+        retries: 100_000,
+        ..producer_config(&broker)
+    };
+    let producer = Producer::new(config).await.expect("producer");
+    let first = producer.send_and_wait(ProducerRecord::new("t", b("before"))).await.expect("send");
+    assert_eq!(first.offset, 0);
+    broker.stop().await;
+    eprintln!(
+        "{}",
+        String::from_utf8_lossy(&std::process::Command::new("ss").args(["-tanp"]).output().unwrap().stdout)
+    );
+
+    let value = bytes::Bytes::from(vec![7u8; 1000]);
+    let record = ProducerRecord::new("t", value.clone());
+    let fit = (64 << 10) / record.size_estimate();
+    let mut futures = Vec::new();
+    for _ in 0..fit {
+        let mut send = pin!(tokio::task::unconstrained(producer.send(record.clone())));
+        match poll_once(send.as_mut()) {
+            Poll::Ready(f) => futures.push(f.expect("send")),
+            Poll::Pending => panic!("blocked after {} records, below the buffer limit", futures.len()),
+        }
+    }
+    let mut blocked = pin!(tokio::task::unconstrained(producer.send(record.clone())));
+    assert!(poll_once(blocked.as_mut()).is_pending(), "send must wait once the buffer is full");
+    let err = producer.send(ProducerRecord::new("t", vec![0u8; 100 << 10])).await.err().expect("too large");
+    assert!(matches!(err, ClientError::RecordTooLarge { .. }), "{err}");
+
+    broker.restart().await;
+    let last = tokio::time::timeout(DEADLINE, blocked).await.expect("unblocked").expect("send");
+    futures.push(last);
+    let mut offsets = BTreeSet::new();
+    for f in futures {
+        let md = tokio::time::timeout(DEADLINE, f).await.expect("in time").expect("delivered after restart");
+        offsets.insert(md.offset);
+    }
+    // Retried batches may land in any order, but every record lands once.
+    assert_eq!(offsets, (1..=fit as u64 + 1).collect::<BTreeSet<_>>());
+    producer.flush().await.expect("flush");
+    let got = consume(&broker, &[("t".to_string(), 0)], fit + 2).await;
+    assert_eq!(got[0].value, b("before"));
+    assert!(got[1..].iter().all(|r| r.value == value));
+}
+
+/// A topic deleted and created again under a running producer: its records
+/// go into the new, empty log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producer_writes_into_a_recreated_topic() {
+    let broker = TestBroker::start().await;
+    create(&broker, "t", 1).await;
+    let producer = Producer::new(producer_config(&broker)).await.expect("producer");
+    for i in 0..3 {
+        producer.send_and_wait(ProducerRecord::new("t", format!("old{i}"))).await.expect("send");
+    }
+    let admin = Admin::connect(client(&broker)).await.expect("admin");
+    admin.delete_topic("t").await.expect("delete");
+    admin.create_topic("t", 2, &[]).await.expect("recreate");
+    let md =
+        producer.send_and_wait(ProducerRecord::new("t", b("new")).with_partition(0)).await.expect("send");
+    assert_eq!(md.offset, 0, "the new topic starts empty");
+    let got = consume(&broker, &[("t".to_string(), 0)], 1).await;
+    assert_eq!(got.iter().map(|r| r.value.clone()).collect::<Vec<_>>(), vec![b("new")]);
+}
