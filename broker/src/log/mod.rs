@@ -91,9 +91,14 @@ const SPARE_CHUNKS_MAX: usize = 4;
 const UNWRITTEN_BYTES_MAX: u64 = 32 << 20;
 /// Largest single `append` call.
 pub const APPEND_BYTES_MAX: usize = 64 << 20;
-/// fallocate step for the active segment. Large, so the fallocate (a
-/// journaled metadata operation that waits for in-flight direct I/O) is rare.
+/// Largest fallocate step for the active segment. Large, so the fallocate (a
+/// journaled metadata operation that waits for in-flight direct I/O) is rare
+/// on a busy partition.
 const PREALLOC_BYTES_STEP: u64 = 256 << 20;
+/// First fallocate step. Steps double with the space already allocated, so a
+/// quiet partition holds about twice its data, not 256 MiB: a broker with
+/// thousands of partitions must not reserve the disk up front.
+const PREALLOC_BYTES_STEP_MIN: u64 = 1 << 20;
 /// O_DIRECT writes in flight per log. A second write may only start where
 /// the first ends (full chunks), never in a block another write still owns.
 const WRITES_IN_FLIGHT_MAX: usize = 2;
@@ -741,7 +746,8 @@ impl State {
         let write_end = pos + len as u64;
         let prealloc_to = (write_end > a.allocated).then(|| {
             let segment_bytes = align_up(sh.config.segment_bytes.min(SEGMENT_BYTES_CAP), block);
-            (a.allocated + PREALLOC_BYTES_STEP).min(segment_bytes).max(write_end)
+            let step = a.allocated.clamp(PREALLOC_BYTES_STEP_MIN, PREALLOC_BYTES_STEP);
+            (a.allocated + step).min(segment_bytes).max(write_end)
         });
         if let Some(to) = prealloc_to {
             // Claimed now so a second write in flight does not repeat it.
