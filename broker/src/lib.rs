@@ -429,6 +429,7 @@ async fn shutdown_shard(ctx: &Rc<ShardContext>, tasks: [glommio::Task<()>; 3]) -
     if ctx.in_flight.get() > 0 {
         tracing::warn!(shard = %ctx.id, in_flight = ctx.in_flight.get(), "stopping with requests still in flight");
     }
+    ctx.shutdown_sockets();
     let mut first_error = None;
     for p in ctx.owned_partitions() {
         if let Err(e) = p.log.close().await {

@@ -74,7 +74,9 @@ pub async fn accept_loop(ctx: Rc<ShardContext>, listener: TcpListener, name: &'s
         let ctx = ctx.clone();
         glommio::spawn_local(async move {
             ctx.connections.set(ctx.connections.get() + 1);
+            let id = ctx.track_socket(stream.as_raw_fd());
             serve_connection(&ctx, stream).await;
+            ctx.sockets.borrow_mut().remove(&id);
             ctx.connections.set(ctx.connections.get() - 1);
         })
         .detach();

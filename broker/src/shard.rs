@@ -140,6 +140,10 @@ pub struct ShardContext {
     /// Requests being handled on this shard.
     pub in_flight: Cell<usize>,
     pub connections: Cell<usize>,
+    /// Sockets of open connections, shut down when the shard stops so that
+    /// peers see the connection end even if the process lives on.
+    pub sockets: RefCell<HashMap<u64, std::os::fd::RawFd>>,
+    next_socket_id: Cell<u64>,
     pub shutting_down: Cell<bool>,
     /// Produce payload bytes held by this shard's connections.
     pub buffered_bytes: Rc<Semaphore>,
@@ -181,12 +185,32 @@ impl ShardContext {
             next_request_id: Cell::new(0),
             in_flight: Cell::new(0),
             connections: Cell::new(0),
+            sockets: RefCell::default(),
+            next_socket_id: Cell::new(0),
             shutting_down: Cell::new(false),
             metrics: crate::metrics::ShardMetrics::default(),
             splicer,
             log_options,
             store,
         })
+    }
+
+    /// Registers an open connection's socket; returns its id.
+    pub fn track_socket(&self, fd: std::os::fd::RawFd) -> u64 {
+        let id = self.next_socket_id.get();
+        self.next_socket_id.set(id + 1);
+        self.sockets.borrow_mut().insert(id, fd);
+        id
+    }
+
+    /// Shuts down every open connection (both directions).
+    pub fn shutdown_sockets(&self) {
+        for fd in self.sockets.borrow().values() {
+            // SAFETY: the fd is registered only while its connection task
+            // owns the socket (it unregisters before dropping it); shutdown
+            // passes no memory.
+            unsafe { libc::shutdown(*fd, libc::SHUT_RDWR) };
+        }
     }
 
     /// The shard that owns a partition.

@@ -41,7 +41,7 @@ impl Resp {
 impl Conn {
     fn open(port: u16) -> Conn {
         let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-        stream.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+        stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
         Conn { stream, next: 1 }
     }
 
@@ -628,4 +628,19 @@ fn tail_consumers_are_served_from_memory() {
         + counter(&metrics, "fetch_bytes_total", "path=\"plain\"");
     assert_eq!((hot, disk), (data.len() as u64, 0), "tail reads must not touch the disk");
     handle.shutdown().expect("clean shutdown");
+}
+
+#[test]
+fn shutdown_closes_open_connections() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let handle = broker_with(dir.path(), |_| {});
+    let mut idle = Conn::open(handle.ready.listen.port());
+    assert_eq!(idle.create_topic("bye", 1), ErrorCode::None);
+    handle.shutdown().expect("clean shutdown");
+    let mut buf = [0u8; 16];
+    // The peer sees the end of the stream, not a hang until its timeout.
+    match idle.stream.read(&mut buf) {
+        Ok(n) => assert_eq!(n, 0, "expected end of stream"),
+        Err(e) => assert_ne!(e.kind(), std::io::ErrorKind::WouldBlock, "connection left open: {e}"),
+    }
 }

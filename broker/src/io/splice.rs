@@ -7,13 +7,15 @@
 //! queue is drained before every wait.
 //!
 //! ```text
-//!   segment fd ──SPLICE(off, n)──> pipe ──SPLICE(n)──> socket     (linked SQEs)
+//!   segment fd ──SPLICE(off, n)──> pipe A ──SPLICE(n)──> socket   chunk k
+//!   segment fd ──SPLICE(off', n')─> pipe B  (filling meanwhile)     chunk k+1
 //! ```
 //!
-//! A short first splice cancels the linked second one (-ECANCELED); whatever
-//! is left in the pipe is then flushed in a loop, waiting for the socket with
-//! POLL_ADD on EAGAIN. A pipe goes back to the pool only when empty; one that
-//! may hold bytes after an error is closed instead.
+//! Two pipes alternate so the file read of the next chunk overlaps the socket
+//! send of the current one. What a chunk put in its pipe is flushed to the
+//! socket in a loop (short splices), waiting with POLL_ADD on EAGAIN. A pipe
+//! goes back to the pool only when empty; one that may hold bytes after an
+//! error is closed instead.
 //!
 //! **Invariant**: an in-flight operation keeps every fd it names open (the
 //! op's state owns `Rc` handles until its CQE is reaped), even if the future
@@ -71,6 +73,21 @@ struct OpState {
 
 struct OpFuture(Rc<OpState>);
 
+/// Completes when an operation has been submitted to an idle engine.
+struct Idle<'a>(&'a Splicer);
+
+impl Future for Idle<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if !self.0.ops.borrow().is_empty() {
+            return Poll::Ready(());
+        }
+        *self.0.idle_waker.borrow_mut() = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
 impl Future for OpFuture {
     type Output = i32;
 
@@ -91,6 +108,8 @@ pub struct Splicer {
     next_id: Cell<u64>,
     pipes: RefCell<Vec<Pipe>>,
     driver_started: Cell<bool>,
+    /// The driver, parked while nothing is in flight.
+    idle_waker: RefCell<Option<Waker>>,
 }
 
 impl Splicer {
@@ -122,30 +141,27 @@ impl Splicer {
             next_id: Cell::new(1),
             pipes: RefCell::default(),
             driver_started: Cell::new(false),
+            idle_waker: RefCell::new(None),
         }))
     }
 
-    /// Reaps completions forever: drain the CQ, then wait on the eventfd.
+    /// Reaps completions forever: drain the CQ, then wait on the eventfd
+    /// while operations are in flight, or until the next submission when idle.
     fn start_driver(self: &Rc<Self>) {
         if self.driver_started.replace(true) {
             return;
         }
-        let me = Rc::downgrade(self);
-        let eventfd = self.eventfd.clone();
+        let me = self.clone();
         glommio::spawn_local(async move {
             loop {
-                let Some(s) = me.upgrade() else { return };
-                s.reap();
-                let idle = s.ops.borrow().is_empty();
-                drop(s);
-                if idle {
-                    // Nothing in flight: poll again shortly rather than
-                    // holding a read on the eventfd forever.
-                    glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+                me.reap();
+                if me.ops.borrow().is_empty() {
+                    Idle(&me).await;
                     continue;
                 }
-                if eventfd.read_at(0, 8).await.is_err() {
-                    glommio::timer::sleep(std::time::Duration::from_millis(1)).await;
+                if let Err(e) = me.eventfd.read_at(0, 8).await {
+                    tracing::warn!(error = %e, "splice ring eventfd read failed; polling");
+                    glommio::timer::sleep(std::time::Duration::from_micros(100)).await;
                 }
             }
         })
@@ -197,6 +213,9 @@ impl Splicer {
             futures.push(OpFuture(state));
         }
         ring.submit()?;
+        if let Some(w) = self.idle_waker.borrow_mut().take() {
+            w.wake();
+        }
         Ok(futures)
     }
 
@@ -224,58 +243,67 @@ impl Splicer {
         socket: RawFd,
         keep: &[Rc<dyn Any>],
     ) -> io::Result<()> {
-        let pipe = Rc::new(self.take_pipe()?);
+        // Two pipes: the next chunk is read from the file into one while the
+        // other drains into the socket, so disk and network overlap.
+        let pipes = [Rc::new(self.take_pipe()?), Rc::new(self.take_pipe()?)];
         let mut keep = keep.to_vec();
-        keep.push(pipe.clone());
-        let mut done = 0usize;
+        keep.extend(pipes.iter().map(|p| p.clone() as Rc<dyn Any>));
         let result = async {
-            while done < len {
-                let chunk = (len - done).min(PIPE_BYTES) as u32;
-                let into_pipe = opcode::Splice::new(
-                    Fd(file),
-                    (offset + done as u64) as i64,
-                    Fd(pipe.write.as_raw_fd()),
-                    -1,
-                    chunk,
-                )
-                .build()
-                .flags(squeue::Flags::IO_LINK);
-                let out = opcode::Splice::new(Fd(pipe.read.as_raw_fd()), -1, Fd(socket), -1, chunk).build();
-                let mut futs = self.submit(vec![into_pipe, out], &keep)?.into_iter();
-                let (first, second) = (futs.next().expect("two ops"), futs.next().expect("two ops"));
-                let in_pipe = first.await;
-                let sent = second.await;
-                if in_pipe < 0 {
-                    return Err(io::Error::from_raw_os_error(-in_pipe));
-                }
-                if in_pipe == 0 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "segment file ended before the range",
-                    ));
-                }
-                let sent = match sent {
-                    n if n >= 0 => n as usize,
-                    e if e == -libc::ECANCELED || e == -libc::EAGAIN => 0,
+            let mut read = 0usize;
+            let mut cur = 0;
+            let mut filling = Some(self.fill(&pipes[cur], file, offset, len.min(PIPE_BYTES), &keep)?);
+            while let Some(fill) = filling.take() {
+                let got = match fill.await {
+                    n if n > 0 => n as usize,
+                    0 => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "segment file ended before the range",
+                        ))
+                    }
                     e => return Err(io::Error::from_raw_os_error(-e)),
                 };
-                self.flush_pipe(&pipe, in_pipe as usize - sent, socket, &keep).await?;
-                done += in_pipe as usize;
+                read += got;
+                if read < len {
+                    let next = &pipes[1 - cur];
+                    filling = Some(self.fill(
+                        next,
+                        file,
+                        offset + read as u64,
+                        (len - read).min(PIPE_BYTES),
+                        &keep,
+                    )?);
+                }
+                self.flush_pipe(&pipes[cur], got, socket, &keep).await?;
+                cur = 1 - cur;
             }
             Ok(())
         }
         .await;
-        match result {
-            Ok(()) => {
-                drop(keep);
-                if let Ok(p) = Rc::try_unwrap(pipe) {
-                    self.give_pipe(p);
-                }
-                Ok(())
+        // On error a pipe may hold bytes (or an op may still use it): it is
+        // dropped, never pooled.
+        result?;
+        drop(keep);
+        for pipe in pipes {
+            if let Ok(p) = Rc::try_unwrap(pipe) {
+                self.give_pipe(p);
             }
-            // The pipe may hold bytes: never reuse it.
-            Err(e) => Err(e),
         }
+        Ok(())
+    }
+
+    /// Starts moving up to `len` bytes at `offset` of `file` into `pipe`.
+    fn fill(
+        self: &Rc<Self>,
+        pipe: &Pipe,
+        file: RawFd,
+        offset: u64,
+        len: usize,
+        keep: &[Rc<dyn Any>],
+    ) -> io::Result<OpFuture> {
+        let op =
+            opcode::Splice::new(Fd(file), offset as i64, Fd(pipe.write.as_raw_fd()), -1, len as u32).build();
+        Ok(self.submit(vec![op], keep)?.pop().expect("one op"))
     }
 
     /// Moves `left` bytes already in `pipe` to the socket.
