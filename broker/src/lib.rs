@@ -459,25 +459,37 @@ async fn retention_loop(ctx: Rc<ShardContext>) {
     }
 }
 
-/// Each partition holds a few files open (active segment, its index and read
-/// handles), so raise the soft open-files limit to the hard one at start.
+/// Each partition holds a few files open (active segment, its indexes, read
+/// handles), so raise the open-files limit at start: to the kernel's maximum
+/// (`fs.nr_open`, capped at 2^20) where privileges allow, else to the hard limit.
 fn raise_open_files_limit() {
+    const WANTED_MAX: libc::rlim_t = 1 << 20;
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: `lim` is a valid rlimit for getrlimit to fill.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 || lim.rlim_cur >= lim.rlim_max {
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return;
     }
-    let wanted = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
-    // SAFETY: `wanted` is a valid rlimit; raising the soft limit up to the
-    // hard one needs no privilege.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) } == 0 {
-        tracing::debug!(from = lim.rlim_cur, to = lim.rlim_max, "raised the open-files limit");
-    } else {
-        tracing::warn!(
-            limit = lim.rlim_cur,
-            "cannot raise the open-files limit; many partitions may fail to open"
-        );
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<libc::rlim_t>().ok())
+        .unwrap_or(lim.rlim_max);
+    let target = nr_open.min(WANTED_MAX).max(lim.rlim_max);
+    for to in [target, lim.rlim_max] {
+        if to <= lim.rlim_cur {
+            return;
+        }
+        let wanted = libc::rlimit { rlim_cur: to, rlim_max: to.max(lim.rlim_max) };
+        // SAFETY: `wanted` is a valid rlimit; raising beyond the hard limit
+        // needs CAP_SYS_RESOURCE and fails cleanly without it.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) } == 0 {
+            tracing::debug!(from = lim.rlim_cur, to, "raised the open-files limit");
+            return;
+        }
     }
+    tracing::warn!(
+        limit = lim.rlim_cur,
+        "cannot raise the open-files limit; many partitions may fail to open"
+    );
 }
 
 /// Milliseconds since the Unix epoch.

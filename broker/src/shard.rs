@@ -252,10 +252,18 @@ impl ShardContext {
                 continue;
             }
             let dir = partition_dir(&self.config.data_dir, &meta.name, p);
-            let part = Partition::open(dir, name.clone(), p, meta.config.clone(), self.log_options.clone())
-                .await
-                .map_err(|e| format!("cannot open partition {}-{p}: {e}", meta.name))?;
-            slots[p as usize] = Some(Rc::new(part));
+            match Partition::open(dir, name.clone(), p, meta.config.clone(), self.log_options.clone()).await {
+                Ok(part) => slots[p as usize] = Some(Rc::new(part)),
+                Err(e) => {
+                    // Leave nothing half-made: drop what this shard opened.
+                    for part in slots.into_iter().flatten() {
+                        if let Err(e) = part.log.delete().await {
+                            tracing::warn!(topic = %meta.name, partition = part.id, error = %e, "cannot clean up");
+                        }
+                    }
+                    return Err(format!("cannot open partition {}-{p}: {e}", meta.name));
+                }
+            }
         }
         self.partitions.borrow_mut().insert(name, slots);
         self.topics.borrow_mut().insert(meta.name.clone(), meta);
@@ -469,10 +477,27 @@ impl ShardContext {
             config.set(k, v).map_err(|e| PartitionError::new(ErrorCode::InvalidConfig, e.to_string()))?;
         }
         let meta = TopicMeta { name: name.to_string(), partitions, config };
-        let mut table = self.topics.borrow().clone();
+        let before = self.topics.borrow().clone();
+        let mut table = before.clone();
         table.insert(name.to_string(), meta.clone());
         self.persist(&table)?;
-        self.broadcast(|| ShardOp::ApplyTopic(meta.clone())).await
+        let Err(e) = self.broadcast(|| ShardOp::ApplyTopic(meta.clone())).await else {
+            return Ok(());
+        };
+        // Some shard could not open its partitions (open-files limit, disk):
+        // undo everywhere, so no shard serves half a topic and a restart does
+        // not retry it.
+        tracing::warn!(topic = name, error = %e.message, "topic creation failed; rolling back");
+        if let Err(undo) = self.broadcast(|| ShardOp::RemoveTopic(name.to_string())).await {
+            tracing::error!(topic = name, error = %undo.message, "rollback of a failed topic creation failed");
+        }
+        self.persist(&before)?;
+        let hint = if e.message.contains("Too many open files") {
+            " (each partition keeps about two files open: raise the open-files limit, `ulimit -n`)"
+        } else {
+            ""
+        };
+        Err(PartitionError::new(e.code, format!("{}{hint}; the topic was not created", e.message)))
     }
 
     async fn delete_topics(self: &Rc<Self>, names: Vec<String>) -> Vec<(String, ErrorCode, String)> {
