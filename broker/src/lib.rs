@@ -252,7 +252,7 @@ fn start_once(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
                 }
                 r
             })
-            .map_err(|e| BrokerError::Thread(e.to_string()))?;
+            .map_err(|e| BrokerError::Thread(executor_error_hint(e.to_string())))?;
         threads.push(t);
     }
     drop(status_tx);
@@ -490,6 +490,20 @@ fn raise_open_files_limit() {
         limit = lim.rlim_cur,
         "cannot raise the open-files limit; many partitions may fail to open"
     );
+}
+
+/// glommio registers its I/O buffers with io_uring, which counts against
+/// `RLIMIT_MEMLOCK` for users without CAP_IPC_LOCK: say so when that fails.
+fn executor_error_hint(message: String) -> String {
+    let lower = message.to_lowercase();
+    if lower.contains("memory") || lower.contains("enomem") || lower.contains("memlock") {
+        format!(
+            "{message} (each shard locks its io_uring buffers: run as root or raise the memlock limit, \
+             `ulimit -l`, to at least 16 MiB per shard; see README Requirements)"
+        )
+    } else {
+        message
+    }
 }
 
 /// Milliseconds since the Unix epoch.
