@@ -19,9 +19,9 @@ use serde_json::json;
 use shardlog_client::protocol::{encode_fetch, FetchParams, FetchTarget};
 use shardlog_client::{Acks, Admin, ClientConfig, Producer, ProducerConfig, ProducerRecord};
 use shardlog_schema::frame::FrameLimits;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
 #[derive(Parser, Debug)]
@@ -45,51 +45,32 @@ struct Args {
     out: Option<PathBuf>,
 }
 
-struct Broker {
-    child: Child,
-    shard_port: u16,
-    listen: String,
+/// The harness's broker launcher (spawn, ready line, SIGTERM on drop).
+#[path = "../broker.rs"]
+#[allow(dead_code, reason = "shared with the harness; this binary uses part of it")]
+mod broker;
+
+use broker::{Broker, SpawnOptions};
+
+fn spawn(bin: &Path, dir: &Path, path: &str) -> Result<Broker> {
+    Broker::spawn(&SpawnOptions {
+        binary: bin.to_path_buf(),
+        data_dir: dir.to_path_buf(),
+        shards: Some(1),
+        cpus: None,
+        extra_args: vec!["--fetch-path".into(), path.into()],
+    })
 }
 
-impl Broker {
-    fn spawn(bin: &Path, dir: &Path, path: &str) -> Result<Broker> {
-        let mut child = Command::new(bin)
-            .args(["serve", "--listen", "127.0.0.1:0", "--shards", "1", "--fetch-path", path, "--data-dir"])
-            .arg(dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("spawn {}", bin.display()))?;
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
-        let field = |name: &str| -> Result<String> {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(name))
-                .map(str::to_string)
-                .with_context(|| format!("no {name} in ready line {line:?}"))
-        };
-        let listen = field("listen=")?;
-        let shard_port = field("shard_ports=")?.parse()?;
-        Ok(Broker { child, shard_port, listen })
-    }
-
-    /// utime + stime of the broker process, seconds.
-    fn cpu_seconds(&self) -> Result<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
-        let after = stat.rsplit_once(')').context("stat format")?.1;
-        let f: Vec<&str> = after.split_whitespace().collect();
-        let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
-        // SAFETY: sysconf reads a constant; no memory is passed.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        Ok(ticks / hz)
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// utime + stime of the broker process, seconds.
+fn cpu_seconds(broker: &Broker) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", broker.pid()))?;
+    let after = stat.rsplit_once(')').context("stat format")?.1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
+    // SAFETY: sysconf reads a constant; no memory is passed.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks / hz)
 }
 
 fn drop_caches() -> Result<()> {
@@ -189,21 +170,21 @@ async fn main() -> Result<()> {
     for path in ["splice", "plain"] {
         let dir = args.data_dir.join(path);
         std::fs::remove_dir_all(&dir).ok();
-        let broker = Broker::spawn(&bin, &dir, path)?;
+        let broker = spawn(&bin, &dir, path)?;
         eprintln!("[{path}] writing {:.2} GiB backlog", args.gib);
-        let records = write_backlog(&broker.listen, total_bytes, args.value_bytes).await?;
+        let records = write_backlog(&broker.ready.listen, total_bytes, args.value_bytes).await?;
         eprintln!("[{path}] {records} records written; draining");
         for cache in ["cold", "warm"] {
             if cache == "cold" {
                 drop_caches()?;
             }
-            let cpu0 = broker.cpu_seconds()?;
+            let cpu0 = cpu_seconds(&broker)?;
             let started = Instant::now();
-            let port = broker.shard_port;
+            let port = broker.ready.shard_ports[0];
             let fetch_bytes = args.fetch_bytes;
             let bytes = tokio::task::spawn_blocking(move || drain(port, records, fetch_bytes)).await??;
             let secs = started.elapsed().as_secs_f64();
-            let cpu = broker.cpu_seconds()? - cpu0;
+            let cpu = cpu_seconds(&broker)? - cpu0;
             let mb_s = bytes as f64 / secs / 1e6;
             let row = json!({
                 "path": path, "cache": cache, "bytes": bytes, "seconds": secs, "mb_per_s": mb_s,

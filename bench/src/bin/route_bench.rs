@@ -21,9 +21,9 @@ use shardlog_schema::batch::BatchBuilder;
 use shardlog_schema::frame::FrameLimits;
 use shardlog_schema::types::shard_for;
 use shardlog_schema::PartitionId;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
 #[derive(Parser, Debug)]
@@ -47,38 +47,19 @@ struct Args {
     out: Option<PathBuf>,
 }
 
-struct Broker {
-    child: Child,
-    listen: String,
-    shard_ports: Vec<u16>,
-}
+/// The harness's broker launcher (spawn, ready line, SIGTERM on drop).
+#[path = "../broker.rs"]
+#[allow(dead_code, reason = "shared with the harness; this binary uses part of it")]
+mod broker;
 
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn(bin: &Path, dir: &Path) -> Result<Broker> {
-    let mut child = Command::new(bin)
-        .args(["serve", "--listen", "127.0.0.1:0", "--shards", "2", "--data-dir"])
-        .arg(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("spawn {}", bin.display()))?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
-    let field = |name: &str| -> Result<String> {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(name))
-            .map(str::to_string)
-            .with_context(|| format!("no {name} in ready line {line:?}"))
-    };
-    let listen = field("listen=")?;
-    let shard_ports = field("shard_ports=")?.split(',').map(|p| p.parse()).collect::<Result<_, _>>()?;
-    Ok(Broker { child, listen, shard_ports })
+fn spawn(bin: &Path, dir: &Path) -> Result<broker::Broker> {
+    broker::Broker::spawn(&broker::SpawnOptions {
+        binary: bin.to_path_buf(),
+        data_dir: dir.to_path_buf(),
+        shards: Some(2),
+        cpus: None,
+        extra_args: Vec::new(),
+    })
 }
 
 /// One produce request: envelope + a 1 MiB batch of `value_bytes` records.
@@ -132,9 +113,9 @@ async fn main() -> Result<()> {
     let bin = args.broker_bin.clone().unwrap_or(std::env::current_exe()?.with_file_name("shardlog"));
     std::fs::remove_dir_all(&args.data_dir).ok();
     let broker = spawn(&bin, &args.data_dir)?;
-    Admin::connect(ClientConfig::new(&broker.listen)).await?.create_topic("route", 1, &[]).await?;
+    Admin::connect(ClientConfig::new(&broker.ready.listen)).await?.create_topic("route", 1, &[]).await?;
     let owner = shard_for("route", PartitionId(0), 2).0 as usize;
-    let (own_port, other_port) = (broker.shard_ports[owner], broker.shard_ports[1 - owner]);
+    let (own_port, other_port) = (broker.ready.shard_ports[owner], broker.ready.shard_ports[1 - owner]);
     let req = request(args.value_bytes);
     let count = (args.mib << 20) / req.len() as u64;
     let mut rows = Vec::new();
