@@ -7,7 +7,10 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_shardlog");
+#[allow(dead_code, reason = "each test binary uses part of the shared helpers")]
+mod common;
+
+use common::BIN;
 const COMMAND_DEADLINE: Duration = Duration::from_secs(60);
 
 struct Broker {
@@ -19,22 +22,8 @@ struct Broker {
 impl Broker {
     fn start() -> Broker {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--shards", "2", "--no-pin-cores", "--data-dir"])
-            .arg(dir.path())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn shardlog serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("ready line");
-        assert!(line.starts_with("shardlog ready: "), "unexpected first line {line:?}");
-        let listen = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("listen="))
-            .unwrap_or_else(|| panic!("no listen= in {line:?}"))
-            .to_string();
+        let (child, ready) = common::serve(dir.path(), 2);
+        let listen = ready.listen;
         Broker { child, listen, dir }
     }
 

@@ -1,14 +1,16 @@
 //! End to end: the real `shardlog` binary on 127.0.0.1 with a temp data
 //! directory, driven by the real Rust client.
 
+#[allow(dead_code, reason = "each test binary uses part of the shared helpers")]
+mod common;
+
 use shardlog_client::{
     Acks, Admin, ClientConfig, Consumer, ConsumerConfig, Producer, ProducerConfig, ProducerRecord, SeekTo,
 };
 use shardlog_schema::types::shard_for;
 use shardlog_schema::PartitionId;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 struct Broker {
@@ -19,25 +21,8 @@ struct Broker {
 
 impl Broker {
     fn start(dir: &std::path::Path, shards: usize) -> Broker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_shardlog"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--shards", &shards.to_string(), "--data-dir"])
-            .arg(dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn shardlog serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("ready line");
-        let field = |name: &str| {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(name))
-                .unwrap_or_else(|| panic!("no {name} in ready line {line:?}"))
-                .to_string()
-        };
-        let listen = field("listen=");
-        let shard_ports = field("shard_ports=").split(',').map(|p| p.parse().expect("port")).collect();
-        Broker { child, listen, shard_ports }
+        let (child, ready) = common::serve(dir, shards);
+        Broker { child, listen: ready.listen, shard_ports: ready.shard_ports }
     }
 
     /// SIGTERM and wait: a graceful stop must exit 0.
