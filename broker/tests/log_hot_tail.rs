@@ -237,29 +237,7 @@ fn batches_spanning_writes_are_hot_with_identical_bytes() {
         let log = Rc::new(
             Log::open_with(tmp.path().join("p"), cfg, options(&budget, 16 << 20)).await.expect("open"),
         );
-        let mut tasks = Vec::new();
-        for t in 0..16u64 {
-            let log = log.clone();
-            tasks.push(glommio::spawn_local(async move {
-                let mut got = Vec::new();
-                for i in 0..6u64 {
-                    // Odd sizes so batches straddle the 1 MiB write chunks.
-                    let b = make_batch(
-                        1 + (t + i) as usize % 3,
-                        50_001 + (t * 977 + i * 131) as usize,
-                        1,
-                        t * 10 + i,
-                    );
-                    got.push(append_one(&log, &b, 4).await);
-                }
-                got
-            }));
-        }
-        let mut exp = Vec::new();
-        for t in tasks {
-            exp.extend(t.await);
-        }
-        exp.sort_by_key(|a| a.base);
+        let exp = append_straddling_concurrently(&log).await;
         let s = log.stats();
         assert!(s.writes > 4, "several writes: {s:?}");
         for a in &exp {

@@ -185,29 +185,7 @@ fn large_concurrent_appends_span_write_chunks() {
         let config = small_config(64 << 20, 4096, FlushPolicy::default());
         let path = dir.path().join("t-0");
         let log = Rc::new(Log::open(path.clone(), config.clone()).await.unwrap());
-        let mut tasks = Vec::new();
-        for t in 0..16u64 {
-            let log = log.clone();
-            tasks.push(glommio::spawn_local(async move {
-                let mut got = Vec::new();
-                for i in 0..6u64 {
-                    // Odd sizes so batch headers straddle the 1 MiB chunk edges.
-                    let b = make_batch(
-                        1 + (t + i) as usize % 3,
-                        50_001 + (t * 977 + i * 131) as usize,
-                        1,
-                        t * 10 + i,
-                    );
-                    got.push(append_one(&log, &b, 4).await);
-                }
-                got
-            }));
-        }
-        let mut all = Vec::new();
-        for t in tasks {
-            all.extend(t.await);
-        }
-        all.sort_by_key(|a| a.base);
+        let all = append_straddling_concurrently(&log).await;
         let s = log.stats();
         assert!(s.bytes_written / s.writes > 256 << 10, "writes are large: {s:?}");
         check_against(&all, &read_all(&log, 0, 300_000).await, 0);

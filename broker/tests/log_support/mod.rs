@@ -120,3 +120,31 @@ pub fn check_against(expected: &[Appended], got: &[(u64, Vec<u8>)], from: u64) {
         assert!(g.1 == w.bytes, "bytes of batch at {}", w.base);
     }
 }
+
+/// 16 tasks each append 6 batches of odd sizes (so batches straddle the
+/// 1 MiB write chunks) concurrently; returns what was acknowledged, by offset.
+pub async fn append_straddling_concurrently(log: &std::rc::Rc<Log>) -> Vec<Appended> {
+    let mut tasks = Vec::new();
+    for t in 0..16u64 {
+        let log = log.clone();
+        tasks.push(glommio::spawn_local(async move {
+            let mut got = Vec::new();
+            for i in 0..6u64 {
+                let b = make_batch(
+                    1 + (t + i) as usize % 3,
+                    50_001 + (t * 977 + i * 131) as usize,
+                    1,
+                    t * 10 + i,
+                );
+                got.push(append_one(&log, &b, 4).await);
+            }
+            got
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await);
+    }
+    all.sort_by_key(|a| a.base);
+    all
+}
