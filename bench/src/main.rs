@@ -17,6 +17,7 @@ mod broker;
 mod env;
 mod hist;
 mod limits;
+mod pacer;
 mod plot;
 mod report;
 mod runner;
