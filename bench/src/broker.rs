@@ -23,13 +23,16 @@ pub struct Ready {
     pub listen: String,
     pub shard_ports: Vec<u16>,
     pub data_dir: String,
+    /// The admin (`/metrics`) listener, when the broker has one.
+    pub admin: Option<String>,
 }
 
 /// Parses `shardlog ready: listen=... shard_ports=... data_dir=...`.
 #[must_use]
 pub fn parse_ready(line: &str) -> Option<Ready> {
     let rest = line.trim().strip_prefix("shardlog ready:")?;
-    let mut ready = Ready { listen: String::new(), shard_ports: Vec::new(), data_dir: String::new() };
+    let mut ready =
+        Ready { listen: String::new(), shard_ports: Vec::new(), data_dir: String::new(), admin: None };
     for field in rest.split_whitespace() {
         match field.split_once('=')? {
             ("listen", v) => ready.listen = v.to_owned(),
@@ -38,6 +41,7 @@ pub fn parse_ready(line: &str) -> Option<Ready> {
                     v.split(',').filter(|p| !p.is_empty()).map(str::parse).collect::<Result<_, _>>().ok()?;
             }
             ("data_dir", v) => ready.data_dir = v.to_owned(),
+            ("admin", v) => ready.admin = Some(v.to_owned()),
             _ => {}
         }
     }
@@ -124,7 +128,7 @@ impl Broker {
         });
         let mut broker = Broker {
             child,
-            ready: Ready { listen: String::new(), shard_ports: vec![], data_dir: String::new() },
+            ready: Ready { listen: String::new(), shard_ports: vec![], data_dir: String::new(), admin: None },
             args,
             log_path,
         };
@@ -209,6 +213,11 @@ mod tests {
         assert_eq!(r.listen, "127.0.0.1:4000");
         assert_eq!(r.shard_ports, vec![4001, 4002]);
         assert_eq!(r.data_dir, "/tmp/x");
+        assert_eq!(r.admin, None);
+        let r = parse_ready(
+            "shardlog ready: listen=127.0.0.1:4000 shard_ports=4001 data_dir=/d admin=127.0.0.1:9\n",
+        );
+        assert_eq!(r.unwrap().admin.as_deref(), Some("127.0.0.1:9"));
         assert!(parse_ready("INFO starting").is_none());
         assert!(parse_ready("shardlog ready: shard_ports=x").is_none());
     }

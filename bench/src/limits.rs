@@ -160,7 +160,8 @@ fn fio_job(j: &serde_json::Value) -> anyhow::Result<&serde_json::Value> {
     j["jobs"].get(0).context("fio JSON has no job")
 }
 
-fn iperf3(seconds: u32) -> anyhow::Result<f64> {
+/// iperf3's single-stream loopback bandwidth, bytes/s.
+pub fn iperf3(seconds: u32) -> anyhow::Result<f64> {
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
         l.local_addr()?.port()

@@ -19,7 +19,7 @@ use crate::report::{
     REPORT_SCHEMA_VERSION,
 };
 use crate::sched::{self, Clock, Counters, LoopConfig, Schedule, Sender};
-use crate::workload::{KeyDistribution, Workload};
+use crate::workload::{ConsumerStart, KeyDistribution, Workload};
 use crate::RunArgs;
 use anyhow::{bail, Context};
 use bytes::{Bytes, BytesMut};
@@ -418,7 +418,7 @@ async fn measured(run: &Arc<Run>, target: Option<f64>, result: &mut RunResult) -
     let w = &run.w;
     let stop = Arc::new(AtomicBool::new(false));
     // Consumers are assigned (at the log end) before the clock starts.
-    let consumers = make_consumers(run, SeekTo::Latest).await?;
+    let consumers = unbounded(make_consumers(run, SeekTo::Latest).await?);
     let start = Instant::now() + Duration::from_millis(50);
     let counters = Arc::new(Counters::new(start));
     let measure_from_ns = run.clock.ns(start + Duration::from_secs(w.warmup_s));
@@ -466,9 +466,17 @@ async fn backlog(run: &Arc<Run>, result: &mut RunResult) -> anyhow::Result<Windo
         write.acked,
         per_producer * producers
     );
-    let expected = write.acked * u64::from(w.subscriptions_per_topic);
     let stop = Arc::new(AtomicBool::new(false));
-    let consumers = make_consumers(run, SeekTo::Earliest).await?;
+    let (consumers, expected) = match w.consumer_start {
+        ConsumerStart::Earliest => (
+            unbounded(make_consumers(run, SeekTo::Earliest).await?),
+            write.acked * u64::from(w.subscriptions_per_topic),
+        ),
+        // The slices cover the backlog once.
+        ConsumerStart::Spread => {
+            (spread(run, make_consumers(run, SeekTo::Latest).await?).await?, write.acked)
+        }
+    };
     let start = Instant::now();
     let counters = Arc::new(Counters::new(start));
     let progress = Progress::start("drain", secs_max, counters.clone());
@@ -671,8 +679,8 @@ fn resolve(p: &str) -> PathBuf {
 }
 
 /// One consumer per (topic, subscription, member), each with its share of
-/// the partitions.
-async fn make_consumers(run: &Run, seek: SeekTo) -> anyhow::Result<Vec<Consumer>> {
+/// the partitions; returned with its subscription index.
+async fn make_consumers(run: &Run, seek: SeekTo) -> anyhow::Result<Vec<(Consumer, u32)>> {
     let w = &run.w;
     let mut out = Vec::new();
     for topic in &run.topics {
@@ -695,15 +703,47 @@ async fn make_consumers(run: &Run, seek: SeekTo) -> anyhow::Result<Vec<Consumer>
                 };
                 let mut c = Consumer::new(cfg).await.context("create consumer")?;
                 c.assign(&parts, seek).await.context("assign partitions")?;
-                out.push(c);
+                out.push((c, s));
             }
         }
     }
     Ok(out)
 }
 
+/// Where a consumer stops: (topic, partition, first offset not to read).
+/// Empty: it reads until told to stop.
+type Bounds = Vec<(String, u32, u64)>;
+
+fn unbounded(consumers: Vec<(Consumer, u32)>) -> Vec<(Consumer, Bounds)> {
+    consumers.into_iter().map(|(c, _)| (c, Bounds::new())).collect()
+}
+
+/// `ConsumerStart::Spread`: consumers assigned at the log end are moved to
+/// their slice of each partition's backlog: subscription `s` of `S` reads
+/// `[lo + s * n / S, lo + (s + 1) * n / S)` where `[lo, lo + n)` is the log.
+async fn spread(run: &Run, consumers: Vec<(Consumer, u32)>) -> anyhow::Result<Vec<(Consumer, Bounds)>> {
+    let slices = u64::from(run.w.subscriptions_per_topic);
+    let mut out = Vec::with_capacity(consumers.len());
+    for (mut c, s) in consumers {
+        let mut bounds = Bounds::new();
+        for topic in &run.topics {
+            for p in 0..run.w.partitions_per_topic {
+                let Some(end) = c.position(topic, p) else { continue };
+                c.seek(topic, p, SeekTo::Earliest).await.context("seek to the earliest offset")?;
+                let lo = c.position(topic, p).context("assigned partition has a position")?;
+                let n = end.saturating_sub(lo);
+                let (from, to) = (lo + n * u64::from(s) / slices, lo + n * (u64::from(s) + 1) / slices);
+                c.seek(topic, p, SeekTo::Offset(from)).await.context("seek to the slice")?;
+                bounds.push((topic.clone(), p, to));
+            }
+        }
+        out.push((c, bounds));
+    }
+    Ok(out)
+}
+
 fn spawn_consumers(
-    consumers: Vec<Consumer>,
+    consumers: Vec<(Consumer, Bounds)>,
     counters: &Arc<Counters>,
     stop: &Arc<AtomicBool>,
     measure_from_ns: u64,
@@ -711,15 +751,22 @@ fn spawn_consumers(
 ) -> Vec<tokio::task::JoinHandle<anyhow::Result<LatencyHist>>> {
     consumers
         .into_iter()
-        .map(|mut c| {
+        .map(|(mut c, bounds)| {
             let (counters, stop) = (counters.clone(), stop.clone());
             tokio::spawn(async move {
                 let mut hist = LatencyHist::new();
+                let past_bound = |r: &shardlog_client::ConsumerRecord| {
+                    bounds.iter().any(|(t, p, to)| r.partition == *p && r.offset >= *to && *r.topic == **t)
+                };
                 while !stop.load(Ordering::Relaxed) {
                     let records = c.poll(Duration::from_millis(100)).await.context("poll")?;
                     let now = sched::mono_ns();
-                    let mut bytes = 0u64;
+                    let (mut msgs, mut bytes) = (0u64, 0u64);
                     for r in &records {
+                        if !bounds.is_empty() && past_bound(r) {
+                            continue;
+                        }
+                        msgs += 1;
                         bytes += r.value.len() as u64;
                         if e2e && r.value.len() >= 8 {
                             let sent = u64::from_le_bytes(r.value[..8].try_into().expect("8 bytes"));
@@ -728,8 +775,13 @@ fn spawn_consumers(
                             }
                         }
                     }
-                    if !records.is_empty() {
-                        counters.on_received(records.len() as u64, bytes);
+                    if msgs > 0 {
+                        counters.on_received(msgs, bytes);
+                    }
+                    let done =
+                        |(t, p, to): &(String, u32, u64)| c.position(t, *p).is_some_and(|at| at >= *to);
+                    if !bounds.is_empty() && bounds.iter().all(done) {
+                        break;
                     }
                 }
                 Ok(hist)

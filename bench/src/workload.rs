@@ -32,6 +32,20 @@ pub enum KeyDistribution {
     PartitionRoundRobin,
 }
 
+/// Where the consumers of a backlog workload start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ConsumerStart {
+    /// Every subscription drains the whole backlog from the earliest offset.
+    #[default]
+    Earliest,
+    /// The backlog of each partition is cut into as many contiguous slices
+    /// as there are consumers; consumer `j` starts at slice `j` and stops at
+    /// its end, so all of them read one partition at once from different
+    /// offsets and the backlog is read exactly once in total.
+    Spread,
+}
+
 /// Producer tuning passed to the client.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -138,6 +152,9 @@ pub struct Workload {
     /// Write this much first with no consumer, then drain it.
     #[serde(default)]
     pub consumer_backlog_size_gb: f64,
+    /// Where backlog consumers start (backlog workloads only).
+    #[serde(default)]
+    pub consumer_start: ConsumerStart,
     /// Extra topic configs (Kafka names: `segment.bytes`, `retention.bytes`, ...).
     #[serde(default)]
     pub topic_config: BTreeMap<String, String>,
@@ -236,6 +253,9 @@ impl Workload {
         {
             bail!("key_count must be > 0");
         }
+        if self.consumer_start == ConsumerStart::Spread && self.backlog_bytes() == 0 {
+            bail!("consumer_start = \"spread\" needs consumer_backlog_size_gb > 0");
+        }
         Ok(())
     }
 
@@ -281,5 +301,8 @@ mod tests {
         let w: Workload = toml::from_str(bad).unwrap();
         assert!(w.validate().unwrap_err().to_string().contains("message_size"));
         assert!(toml::from_str::<Workload>("name = \"x\"\nmessage_size = 100\nbogus = 1\n").is_err());
+        let spread = "name = \"x\"\nmessage_size = 100\nconsumer_start = \"spread\"\n";
+        let w: Workload = toml::from_str(spread).unwrap();
+        assert!(w.validate().unwrap_err().to_string().contains("consumer_backlog_size_gb"));
     }
 }

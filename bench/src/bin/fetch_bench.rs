@@ -8,6 +8,12 @@
 //! `/proc/<pid>/stat`), next to fio's O_DIRECT sequential read bandwidth
 //! measured in the same run.
 //!
+//! Then the hot tail: a backlog small enough to stay in the broker's
+//! in-memory hot tail is fetched over and over for a few seconds by the same
+//! raw loop, next to iperf3's single-stream loopback bandwidth measured in
+//! the same run; the broker's `/metrics` counters prove which path served the
+//! bytes.
+//!
 //! ```text
 //! cargo build --release -p shardlog -p shardlog-bench
 //! target/release/fetch_bench --gib 2 --out perf-reports
@@ -40,6 +46,16 @@ struct Args {
     /// Where the brokers keep their data (removed afterwards).
     #[arg(long, default_value = "target/fetch-bench-data")]
     data_dir: PathBuf,
+    /// Which cases to run: `splice`, `plain` (cold + warm each) and `hot`.
+    #[arg(long, value_delimiter = ',', default_value = "splice,plain,hot")]
+    cases: Vec<String>,
+    /// Hot-tail case: backlog size, MiB (below the broker's default
+    /// per-partition hot-tail budget of 8 MiB).
+    #[arg(long, default_value_t = 6)]
+    hot_mib: u64,
+    /// Hot-tail case: how long to fetch the hot tail, seconds.
+    #[arg(long, default_value_t = 5)]
+    hot_seconds: u64,
     /// Directory for the Markdown and JSON report; none: print only.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -50,6 +66,11 @@ struct Args {
 #[allow(dead_code, reason = "shared with the harness; this binary uses part of it")]
 mod broker;
 
+/// The harness's machine-limit probes (iperf3 here).
+#[path = "../limits.rs"]
+#[allow(dead_code, reason = "shared with the harness; this binary uses part of it")]
+mod limits;
+
 use broker::{Broker, SpawnOptions};
 
 fn spawn(bin: &Path, dir: &Path, path: &str) -> Result<Broker> {
@@ -58,8 +79,33 @@ fn spawn(bin: &Path, dir: &Path, path: &str) -> Result<Broker> {
         data_dir: dir.to_path_buf(),
         shards: Some(1),
         cpus: None,
-        extra_args: vec!["--fetch-path".into(), path.into()],
+        extra_args: vec!["--fetch-path".into(), path.into(), "--admin-listen".into(), "127.0.0.1:0".into()],
     })
+}
+
+/// `shardlog_fetch_bytes_total` of every shard for `path`, from `/metrics`.
+fn served_bytes(broker: &Broker, path: &str) -> Result<u64> {
+    let admin = broker.ready.admin.as_deref().context("broker printed no admin address")?;
+    let mut s = std::net::TcpStream::connect(admin).with_context(|| format!("connect {admin}"))?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let label = format!("path=\"{path}\"}}");
+    let mut total = 0;
+    for line in text.lines().filter(|l| l.starts_with("shardlog_fetch_bytes_total{") && l.contains(&label)) {
+        total += line.rsplit(' ').next().and_then(|v| v.parse::<u64>().ok()).context("metrics value")?;
+    }
+    Ok(total)
+}
+
+/// Fetches the whole (hot) partition again and again for `seconds`.
+fn hot_loop(port: u16, records: u64, fetch_bytes: u32, seconds: u64) -> Result<(u64, f64)> {
+    let started = Instant::now();
+    let mut bytes = 0;
+    while started.elapsed().as_secs() < seconds {
+        bytes += drain(port, records, fetch_bytes)?;
+    }
+    Ok((bytes, started.elapsed().as_secs_f64()))
 }
 
 /// utime + stime of the broker process, seconds.
@@ -162,12 +208,15 @@ async fn main() -> Result<()> {
         Some(b) => b.clone(),
         None => std::env::current_exe()?.with_file_name("shardlog"),
     };
+    if let Some(c) = args.cases.iter().find(|c| !["splice", "plain", "hot"].contains(&c.as_str())) {
+        bail!("unknown case {c:?}: splice, plain or hot");
+    }
     std::fs::create_dir_all(&args.data_dir)?;
     let fio_mb_s = fio_read(&args.data_dir, args.gib)?;
     println!("fio O_DIRECT sequential read: {fio_mb_s:.0} MB/s");
     let total_bytes = (args.gib * (1u64 << 30) as f64) as u64;
     let mut rows = Vec::new();
-    for path in ["splice", "plain"] {
+    for path in ["splice", "plain"].into_iter().filter(|p| args.cases.iter().any(|c| c == p)) {
         let dir = args.data_dir.join(path);
         std::fs::remove_dir_all(&dir).ok();
         let broker = spawn(&bin, &dir, path)?;
@@ -196,10 +245,45 @@ async fn main() -> Result<()> {
         drop(broker);
         std::fs::remove_dir_all(&dir).ok();
     }
+    if args.cases.iter().any(|c| c == "hot") {
+        let hot = hot_tail(&bin, &args).await?;
+        println!("{hot}");
+        rows.push(hot);
+    }
     if let Some(out) = &args.out {
         write_report(out, fio_mb_s, &args, &rows)?;
     }
     Ok(())
+}
+
+/// The hot-tail row: MB/s of fetches served from memory against iperf3.
+async fn hot_tail(bin: &Path, args: &Args) -> Result<serde_json::Value> {
+    let iperf_mb_s = limits::iperf3(5).context("iperf3 loopback (apt-get install iperf3)")? / 1e6;
+    println!("iperf3 single-stream loopback: {iperf_mb_s:.0} MB/s");
+    let dir = args.data_dir.join("hot");
+    std::fs::remove_dir_all(&dir).ok();
+    let broker = spawn(bin, &dir, "plain")?;
+    let records = write_backlog(&broker.ready.listen, args.hot_mib << 20, args.value_bytes).await?;
+    let (hot0, disk0) = (served_bytes(&broker, "hot_tail")?, disk_bytes(&broker)?);
+    let cpu0 = cpu_seconds(&broker)?;
+    let (port, fetch_bytes, seconds) = (broker.ready.shard_ports[0], args.fetch_bytes, args.hot_seconds);
+    let (bytes, secs) =
+        tokio::task::spawn_blocking(move || hot_loop(port, records, fetch_bytes, seconds)).await??;
+    let cpu = cpu_seconds(&broker)? - cpu0;
+    let (hot, disk) = (served_bytes(&broker, "hot_tail")? - hot0, disk_bytes(&broker)? - disk0);
+    drop(broker);
+    std::fs::remove_dir_all(&dir).ok();
+    let mb_s = bytes as f64 / secs / 1e6;
+    Ok(json!({
+        "path": "hot_tail", "cache": "memory", "bytes": bytes, "seconds": secs, "mb_per_s": mb_s,
+        "broker_cpu_s_per_gb": cpu / (bytes as f64 / 1e9), "iperf3_loopback_mb_s": iperf_mb_s,
+        "ratio_to_iperf3": mb_s / iperf_mb_s, "hot_tail_bytes": hot, "segment_bytes": disk,
+    }))
+}
+
+/// Bytes the broker served from segment files (splice + plain).
+fn disk_bytes(broker: &Broker) -> Result<u64> {
+    Ok(served_bytes(broker, "splice")? + served_bytes(broker, "plain")?)
 }
 
 fn write_report(out: &Path, fio_mb_s: f64, args: &Args, rows: &[serde_json::Value]) -> Result<()> {
@@ -220,7 +304,7 @@ fn write_report(out: &Path, fio_mb_s: f64, args: &Args, rows: &[serde_json::Valu
         args.value_bytes,
         args.fetch_bytes >> 20
     );
-    for r in rows {
+    for r in rows.iter().filter(|r| r["path"] != "hot_tail") {
         md.push_str(&format!(
             "| {} | {} | {:.0} | {:.2} | {:.3} |\n",
             r["path"].as_str().unwrap_or(""),
@@ -228,6 +312,22 @@ fn write_report(out: &Path, fio_mb_s: f64, args: &Args, rows: &[serde_json::Valu
             r["mb_per_s"].as_f64().unwrap_or(0.0),
             r["ratio_to_fio_read"].as_f64().unwrap_or(0.0),
             r["broker_cpu_s_per_gb"].as_f64().unwrap_or(0.0),
+        ));
+    }
+    for r in rows.iter().filter(|r| r["path"] == "hot_tail") {
+        let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+        md.push_str(&format!(
+            "\nHot tail: {} MiB backlog (inside the per-partition hot-tail budget) fetched again and again for \
+             {} s: **{:.0} MB/s, {:.2}x iperf3's single-stream loopback** ({:.0} MB/s, same run), broker CPU \
+             {:.3} s/GB. `/metrics`: {} bytes served by the hot tail, {} from segment files.\n",
+            args.hot_mib,
+            args.hot_seconds,
+            f("mb_per_s"),
+            f("ratio_to_iperf3"),
+            f("iperf3_loopback_mb_s"),
+            f("broker_cpu_s_per_gb"),
+            r["hot_tail_bytes"],
+            r["segment_bytes"],
         ));
     }
     std::fs::write(out.join(format!("fetch-{date}.md")), md)?;
