@@ -186,6 +186,12 @@ impl Connection {
         })
     }
 
+    /// Waits until a request expecting a response could take an in-flight
+    /// slot at once (the slot is not kept).
+    pub async fn wait_for_slot(&self) {
+        drop(self.inner.in_flight.acquire().await);
+    }
+
     /// Submits a request and waits for its response.
     pub async fn call(
         &self,

@@ -9,8 +9,9 @@
 //! - `conn`: one TCP connection, a writer task (vectored, pipelined writes)
 //!   and a reader task (responses matched by correlation id).
 //! - `cluster`: metadata cache and one connection per shard address.
-//! - `producer`: accumulator task (partitioning, batching) → a sender task
-//!   per shard (pipelined produce requests) → completion (offsets, retries).
+//! - `producer`: accumulator (partitioning, batching, inside `send`) → a
+//!   sender task per shard (pipelined produce requests) → one completion per
+//!   batch (offsets to every record's future, retries).
 //! - [`consumer`]: concurrent long-polling fetches per owner shard.
 //! - [`admin`]: topic management.
 

@@ -219,3 +219,60 @@ async fn producer_writes_into_a_recreated_topic() {
     let got = consume(&broker, &[("t".to_string(), 0)], 1).await;
     assert_eq!(got.iter().map(|r| r.value.clone()).collect::<Vec<_>>(), vec![b("new")]);
 }
+
+/// `flush` returns only once every record sent before it is acknowledged,
+/// and with `linger_ms = 0` records sent while requests are in flight share
+/// batches (far fewer produce requests than records).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_waits_for_every_record_and_linger_zero_still_batches() {
+    let broker = TestBroker::start().await;
+    create(&broker, "t", 2).await;
+    let before = broker.metric("shardlog_produce_requests_total").await;
+    let config = ProducerConfig { linger_ms: 0, max_in_flight: 1, ..producer_config(&broker) };
+    let producer = Producer::new(config).await.expect("producer");
+    let mut futures = Vec::new();
+    for i in 0..5000u32 {
+        let r = ProducerRecord::new("t", format!("v{i}")).with_partition(i % 2);
+        futures.push(producer.send(r).await.expect("send"));
+    }
+    producer.flush().await.expect("flush");
+    let mut pending = futures.iter_mut().map(|f| poll_once(std::pin::Pin::new(f)));
+    assert!(pending.all(|p| p.is_ready()), "flush returned before every record was acknowledged");
+    let mut next = [0u64; 2];
+    for (i, f) in futures.into_iter().enumerate() {
+        let md = f.await.expect("delivered");
+        assert_eq!(md.partition, i as u32 % 2);
+        assert_eq!(md.offset, next[md.partition as usize], "offsets dense and in send order");
+        next[md.partition as usize] += 1;
+    }
+    let requests = broker.metric("shardlog_produce_requests_total").await - before;
+    assert!(requests < 1000, "{requests} produce requests for 5000 records with linger_ms = 0");
+    producer.close().await.expect("close");
+    assert!(matches!(producer_send_after_close(&broker).await, ClientError::Closed));
+}
+
+/// Sending through a closed producer fails with `Closed`.
+async fn producer_send_after_close(broker: &TestBroker) -> ClientError {
+    let producer = Producer::new(producer_config(broker)).await.expect("producer");
+    let other = producer.clone();
+    producer.close().await.expect("close");
+    other.send(ProducerRecord::new("t", b("late"))).await.err().expect("closed")
+}
+
+/// Dropping every handle without `close` still delivers what was buffered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_producer_sends_what_is_buffered() {
+    let broker = TestBroker::start().await;
+    create(&broker, "t", 1).await;
+    let config = ProducerConfig { linger_ms: 60_000, ..producer_config(&broker) };
+    let producer = Producer::new(config).await.expect("producer");
+    let mut futures = Vec::new();
+    for i in 0..10 {
+        futures.push(producer.send(ProducerRecord::new("t", format!("d{i}"))).await.expect("send"));
+    }
+    drop(producer);
+    for (i, f) in futures.into_iter().enumerate() {
+        let md = tokio::time::timeout(DEADLINE, f).await.expect("in time").expect("delivered");
+        assert_eq!(md.offset, i as u64);
+    }
+}

@@ -1,23 +1,30 @@
-//! The accumulator task: assigns partitions and builds batches.
+//! The accumulator: partitions records and appends them into open batches,
+//! right inside `send` (under one short-held mutex, never across an `.await`).
 //!
-//! It owns every open batch, so appending a record takes no lock. A batch is
-//! sealed when the next record would push it past `batch_bytes`, when it is
-//! `linger_ms` old, or on flush; sealed batches go to the sender task of the
-//! partition's owner-shard address.
+//! A batch is sealed (its bytes finished, its CRC computed):
+//! - in `send`, when the next record would push it past `batch_bytes` or it
+//!   reached `batch_bytes`;
+//! - by the sender task of its owner-shard address, once the batch is *ready*
+//!   (`linger_ms` old; at once with `linger_ms = 0`) and the connection has a
+//!   free in-flight slot. While every slot is busy, ready batches keep
+//!   growing, so batches form naturally under load even without a linger;
+//! - on flush or when the last producer handle goes away.
+//!
+//! Sealed batches wait in their address's queue until the sender takes them.
 
+use super::completion::{Completion, DeliveryFuture};
 use super::sender::{self, SealedBatch, SenderCtx};
-use super::{Command, Delivered, DeliveryReply, QueuedRecord};
+use super::ProducerRecord;
 use crate::cluster::Cluster;
 use crate::config::ProducerConfig;
 use crate::error::ClientError;
+use crate::producer::Partitioner;
 use shardlog_schema::batch::{BatchBuilder, HeaderRef};
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{Notify, Semaphore};
 
-/// Commands taken from the channel per wake-up.
-const COMMANDS_PER_WAKE_MAX: usize = 4096;
 /// How long "topic does not exist" is remembered before asking again.
 const UNKNOWN_TOPIC_TTL: Duration = Duration::from_millis(500);
 /// Smallest initial builder capacity.
@@ -47,9 +54,10 @@ type FnvBuild = std::hash::BuildHasherDefault<FnvHasher>;
 
 struct OpenBatch {
     builder: BatchBuilder<'static>,
-    replies: Vec<(DeliveryReply, i64)>,
+    completion: Completion,
+    record_count: u32,
     buffer_bytes: usize,
-    /// Identifies this batch in the linger queue.
+    /// Tells this batch from a later one of the same partition.
     id: u64,
 }
 
@@ -66,272 +74,404 @@ struct TopicState {
     sticky: u32,
 }
 
-pub(super) fn spawn(
-    cluster: Arc<Cluster>,
-    config: ProducerConfig,
-    buffer: Arc<Semaphore>,
-    rx: mpsc::UnboundedReceiver<Command>,
-) {
-    let (done_tx, done_rx) = mpsc::unbounded_channel();
-    let ctx = Arc::new(SenderCtx::new(cluster.clone(), &config, buffer, done_tx));
-    let acc = Accumulator {
-        ctx,
-        linger: Duration::from_millis(config.linger_ms),
-        config,
-        topics: HashMap::default(),
-        unknown: HashMap::new(),
-        senders: HashMap::new(),
-        linger_queue: VecDeque::new(),
-        next_id: 0,
-        outstanding: BTreeSet::new(),
-        flush_waiters: Vec::new(),
-    };
-    tokio::spawn(acc.run(rx, done_rx));
+/// The work waiting for one owner-shard address's sender task.
+pub(super) struct SenderQueue {
+    /// Sealed batches in seal order (per partition: send order).
+    sealed: VecDeque<SealedBatch>,
+    /// Open batches whose linger is over: (topic, partition, batch id).
+    ready: Vec<(Arc<str>, u32, u64)>,
+    wake: Arc<Notify>,
 }
 
-struct Accumulator {
-    ctx: Arc<SenderCtx>,
-    config: ProducerConfig,
-    linger: Duration,
+#[derive(Default)]
+struct State {
     topics: HashMap<Arc<str>, TopicState, FnvBuild>,
     unknown: HashMap<String, (Instant, ClientError)>,
-    senders: HashMap<String, mpsc::UnboundedSender<SealedBatch>>,
-    /// Open batches in creation order: (deadline, topic, partition, batch id).
+    senders: HashMap<String, SenderQueue>,
+    /// Open batches in creation order, only with `linger_ms > 0`:
+    /// (deadline, topic, partition, batch id).
     linger_queue: VecDeque<(Instant, Arc<str>, u32, u64)>,
     next_id: u64,
     /// Ids of sealed batches not yet completed.
     outstanding: BTreeSet<u64>,
-    /// Flushes waiting for every batch with id <= the given one.
-    flush_waiters: Vec<(u64, oneshot::Sender<()>)>,
+    /// The last producer handle is gone: sender and linger tasks stop once idle.
+    closing: bool,
+}
+
+impl State {
+    /// Whether batch `id` is still the open batch of `topic`/`partition`.
+    fn is_open(&self, topic: &str, partition: u32, id: u64) -> bool {
+        let open = self.topics.get(topic).and_then(|t| t.partitions[partition as usize].open.as_ref());
+        open.is_some_and(|b| b.id == id)
+    }
+}
+
+/// Everything the producer handles, sender tasks and linger task share.
+pub(crate) struct Core {
+    pub ctx: SenderCtx,
+    state: Mutex<State>,
+    linger: Duration,
+    batch_bytes: usize,
+    partitioner: Option<Arc<dyn Partitioner>>,
+    /// Wakes the linger task when the linger queue gets its first entry.
+    linger_wake: Notify,
+    /// Notified whenever a batch completes (flush waits on it).
+    completed: Notify,
+    runtime: tokio::runtime::Handle,
+    /// Itself, for spawning tasks that own the core.
+    me: Weak<Core>,
 }
 
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
-impl Accumulator {
-    async fn run(
-        mut self,
-        mut rx: mpsc::UnboundedReceiver<Command>,
-        mut done_rx: mpsc::UnboundedReceiver<u64>,
-    ) {
-        let mut commands = Vec::with_capacity(COMMANDS_PER_WAKE_MAX);
-        let mut open = true;
+/// What a sender task finds when it looks for work.
+pub(super) enum Work {
+    Some,
+    Idle,
+    /// Closing and nothing left: the task ends.
+    Done,
+}
+
+impl Core {
+    /// Creates the shared core and starts the linger task (when `linger_ms > 0`).
+    pub fn start(cluster: Arc<Cluster>, config: &ProducerConfig, buffer: Arc<Semaphore>) -> Arc<Core> {
+        let core = Arc::new_cyclic(|me| Core {
+            ctx: SenderCtx::new(cluster, config, buffer),
+            state: Mutex::new(State::default()),
+            linger: Duration::from_millis(config.linger_ms),
+            batch_bytes: config.batch_bytes,
+            partitioner: config.partitioner.clone(),
+            linger_wake: Notify::new(),
+            completed: Notify::new(),
+            runtime: tokio::runtime::Handle::current(),
+            me: me.clone(),
+        });
+        if !core.linger.is_zero() {
+            core.runtime.spawn(linger_loop(core.clone()));
+        }
+        core
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Appends a record whose buffer bytes are already taken; the future
+    /// resolves when its batch completes. Waits only to load topic metadata
+    /// the first time a topic is seen.
+    pub async fn append(&self, record: ProducerRecord, bytes: usize) -> DeliveryFuture {
+        let timestamp_ms = record.timestamp_ms.unwrap_or_else(now_ms);
         loop {
-            let deadline = self.linger_queue.front().map(|e| e.0);
-            tokio::select! {
-                n = rx.recv_many(&mut commands, COMMANDS_PER_WAKE_MAX), if open => {
-                    if n == 0 {
-                        // Every producer handle is gone: send what is left, then stop.
-                        open = false;
-                        self.seal_all();
-                    }
-                    let now = now_ms();
-                    for cmd in commands.drain(..) {
-                        match cmd {
-                            Command::Record(r) => self.append(r, now).await,
-                            Command::Flush(reply) => {
-                                self.seal_all();
-                                self.flush_waiters.push((self.next_id, reply));
-                            }
-                        }
-                    }
-                    self.seal_expired();
-                }
-                Some(id) = done_rx.recv() => {
-                    self.outstanding.remove(&id);
-                    while let Ok(id) = done_rx.try_recv() {
-                        self.outstanding.remove(&id);
-                    }
-                }
-                () = sleep_until(deadline), if deadline.is_some() => self.seal_expired(),
+            if let Some(appended) = self.try_append(&record, bytes, timestamp_ms) {
+                return appended.unwrap_or_else(|e| {
+                    self.ctx.buffer.add_permits(bytes);
+                    DeliveryFuture::failed(e)
+                });
             }
-            self.answer_flushes();
-            if !open && self.outstanding.is_empty() {
-                return;
-            }
-        }
-    }
-
-    fn answer_flushes(&mut self) {
-        // A flush waits for every batch opened before it (ids below `upto`).
-        let lowest = self.outstanding.first().copied().unwrap_or(u64::MAX);
-        let mut i = 0;
-        while i < self.flush_waiters.len() {
-            if self.flush_waiters[i].0 <= lowest {
-                let (_, reply) = self.flush_waiters.swap_remove(i);
-                let _ = reply.send(());
-            } else {
-                i += 1;
-            }
-        }
-    }
-
-    async fn append(&mut self, q: QueuedRecord, now: i64) {
-        let QueuedRecord { record, bytes, reply } = q;
-        if !self.topics.contains_key(record.topic.as_str()) {
             if let Err(e) = self.load_topic(&record.topic).await {
-                self.fail(reply, bytes, e);
-                return;
+                self.ctx.buffer.add_permits(bytes);
+                return DeliveryFuture::failed(e);
             }
         }
-        let topic = self.topics.get_mut(record.topic.as_str()).expect("loaded above");
+    }
+
+    /// `None` when the topic is not loaded yet.
+    fn try_append(
+        &self,
+        record: &ProducerRecord,
+        bytes: usize,
+        timestamp_ms: i64,
+    ) -> Option<Result<DeliveryFuture, ClientError>> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let topic = state.topics.get_mut(record.topic.as_str())?;
         let count = topic.partitions.len() as u32;
-        let partition = match (record.partition, &self.config.partitioner, &record.key) {
+        let partition = match (record.partition, &self.partitioner, &record.key) {
             (Some(p), _, _) => p,
             (None, Some(custom), key) => custom.partition(&record.topic, key.as_deref(), count),
             (None, None, Some(key)) => super::DefaultPartitioner::for_key(key, count),
             (None, None, None) => topic.sticky,
         };
         if partition >= count {
-            let e = ClientError::UnknownPartition { topic: record.topic.clone(), partition };
-            self.fail(reply, bytes, e);
-            return;
+            return Some(Err(ClientError::UnknownPartition { topic: record.topic.clone(), partition }));
         }
-        let full = topic.partitions[partition as usize].open.as_ref().is_some_and(|b| {
-            !b.replies.is_empty() && b.builder.estimated_bytes() + bytes > self.config.batch_bytes
-        });
+        let full = topic.partitions[partition as usize]
+            .open
+            .as_ref()
+            .is_some_and(|b| b.record_count > 0 && b.builder.estimated_bytes() + bytes > self.batch_bytes);
         let name = topic.name.clone();
         if full {
-            self.seal(&name, partition);
+            self.seal(state, &name, partition);
         }
-        let ts = record.timestamp_ms.unwrap_or(now);
-        let batch = self.open_batch(&name, partition);
+        let batch = self.open_batch(state, &name, partition);
         if record.headers.is_empty() {
-            batch.builder.push(record.key.as_deref(), &record.value, &[], ts);
+            batch.builder.push(record.key.as_deref(), &record.value, &[], timestamp_ms);
         } else {
             let headers: Vec<HeaderRef<'_>> =
                 record.headers.iter().map(|(k, v)| (k.as_str(), &v[..])).collect();
-            batch.builder.push(record.key.as_deref(), &record.value, &headers, ts);
+            batch.builder.push(record.key.as_deref(), &record.value, &headers, timestamp_ms);
         }
-        batch.replies.push((reply, ts));
+        let future = batch.completion.future(batch.record_count, timestamp_ms);
+        batch.record_count += 1;
         batch.buffer_bytes += bytes;
-        if batch.builder.estimated_bytes() >= self.config.batch_bytes {
-            self.seal(&name, partition);
+        if batch.builder.estimated_bytes() >= self.batch_bytes {
+            self.seal(state, &name, partition);
         }
+        Some(Ok(future))
     }
 
-    /// The open batch of a loaded topic's partition, opened when needed.
-    fn open_batch(&mut self, topic: &Arc<str>, partition: u32) -> &mut OpenBatch {
-        let state = self.topics.get_mut(topic).expect("topic is loaded");
-        let slot = &mut state.partitions[partition as usize];
-        if slot.open.is_none() {
-            let id = self.next_id;
-            self.next_id += 1;
-            self.linger_queue.push_back((Instant::now() + self.linger, topic.clone(), partition, id));
+    /// The open batch of a loaded topic's partition, opened when needed (a
+    /// new batch starts its linger, or is ready at once with `linger_ms = 0`).
+    fn open_batch<'s>(&self, state: &'s mut State, topic: &Arc<str>, partition: u32) -> &'s mut OpenBatch {
+        let has_open = state.topics[topic].partitions[partition as usize].open.is_some();
+        if !has_open {
+            let id = state.next_id;
+            state.next_id += 1;
+            if self.linger.is_zero() {
+                self.make_ready(state, topic, partition, id);
+            } else {
+                if state.linger_queue.is_empty() {
+                    self.linger_wake.notify_one();
+                }
+                state.linger_queue.push_back((Instant::now() + self.linger, topic.clone(), partition, id));
+            }
+            let slot =
+                &mut state.topics.get_mut(topic).expect("topic is loaded").partitions[partition as usize];
             let capacity =
-                slot.last_batch_bytes.clamp(BUILDER_BYTES_MIN, self.config.batch_bytes + BUILDER_BYTES_MIN);
+                slot.last_batch_bytes.clamp(BUILDER_BYTES_MIN, self.batch_bytes + BUILDER_BYTES_MIN);
             slot.open = Some(OpenBatch {
                 builder: BatchBuilder::with_capacity(capacity),
-                replies: Vec::new(),
+                completion: Completion::new(topic.clone(), partition),
+                record_count: 0,
                 buffer_bytes: 0,
                 id,
             });
         }
+        let slot = &mut state.topics.get_mut(topic).expect("topic is loaded").partitions[partition as usize];
         slot.open.as_mut().expect("opened above")
     }
 
-    fn fail(&self, reply: DeliveryReply, bytes: usize, e: ClientError) {
-        self.ctx.buffer.add_permits(bytes);
-        let _ = reply.send(Err(e));
+    /// Hands an open batch to its sender, to be sealed when a slot is free.
+    fn make_ready(&self, state: &mut State, topic: &Arc<str>, partition: u32, id: u64) {
+        match self.ctx.cluster.metadata().leader_addr(topic, partition) {
+            Ok(addr) => {
+                let q = self.queue(state, addr);
+                q.ready.push((topic.clone(), partition, id));
+                q.wake.notify_one();
+            }
+            // Metadata went stale: seal now; the retry path refreshes it.
+            Err(_) => self.seal(state, topic, partition),
+        }
     }
 
-    async fn load_topic(&mut self, name: &str) -> Result<(), ClientError> {
-        if let Some((at, e)) = self.unknown.get(name) {
+    /// The queue of `addr`, starting its sender task the first time.
+    fn queue<'s>(self: &Core, state: &'s mut State, addr: String) -> &'s mut SenderQueue {
+        state.senders.entry(addr).or_insert_with_key(|addr| {
+            let wake = Arc::new(Notify::new());
+            let core = self.arc();
+            self.runtime.spawn(sender::send_loop(core, addr.clone(), wake.clone()));
+            SenderQueue { sealed: VecDeque::new(), ready: Vec::new(), wake }
+        })
+    }
+
+    async fn load_topic(&self, name: &str) -> Result<(), ClientError> {
+        if let Some((at, e)) = self.lock().unknown.get(name) {
             if at.elapsed() < UNKNOWN_TOPIC_TTL {
                 return Err(e.clone());
             }
         }
-        match self.ctx.cluster.topic(name).await {
+        let fetched = self.ctx.cluster.topic(name).await;
+        let mut state = self.lock();
+        match fetched {
             Ok(t) if !t.partitions.is_empty() => {
-                self.unknown.remove(name);
-                let count = t.partitions.len();
-                let name: Arc<str> = Arc::from(name);
-                let partitions =
-                    (0..count).map(|_| PartitionSlot { open: None, last_batch_bytes: 0 }).collect();
-                // Spread keyless traffic of many producers over the partitions.
-                let sticky = (std::process::id() ^ now_ms() as u32) % count as u32;
-                self.topics.insert(name.clone(), TopicState { name, partitions, sticky });
+                state.unknown.remove(name);
+                if !state.topics.contains_key(name) {
+                    let count = t.partitions.len();
+                    let name: Arc<str> = Arc::from(name);
+                    let partitions =
+                        (0..count).map(|_| PartitionSlot { open: None, last_batch_bytes: 0 }).collect();
+                    // Spread keyless traffic of many producers over the partitions.
+                    let sticky = (std::process::id() ^ now_ms() as u32) % count as u32;
+                    state.topics.insert(name.clone(), TopicState { name, partitions, sticky });
+                }
                 Ok(())
             }
             Ok(_) => Err(ClientError::UnknownTopic(name.to_string())),
             Err(e) => {
-                self.unknown.insert(name.to_string(), (Instant::now(), e.clone()));
+                state.unknown.insert(name.to_string(), (Instant::now(), e.clone()));
                 Err(e)
             }
         }
     }
 
-    fn seal_all(&mut self) {
-        while let Some((_, topic, partition, _)) = self.linger_queue.pop_front() {
-            self.seal(&topic, partition);
-        }
-    }
-
-    fn seal_expired(&mut self) {
-        let now = Instant::now();
-        while let Some((deadline, _, _, _)) = self.linger_queue.front() {
-            if *deadline > now {
-                break;
-            }
-            let (_, topic, partition, id) = self.linger_queue.pop_front().expect("front exists");
-            let still_open =
-                self.topics.get(&topic).and_then(|t| t.partitions[partition as usize].open.as_ref());
-            if still_open.is_some_and(|b| b.id == id) {
-                self.seal(&topic, partition);
-            }
-        }
-    }
-
-    /// Finishes the open batch of `topic`/`partition` (if any) and hands it to
-    /// the sender of its owner shard.
-    fn seal(&mut self, topic: &Arc<str>, partition: u32) {
-        let Some(state) = self.topics.get_mut(topic) else { return };
-        let count = state.partitions.len() as u32;
-        let slot = &mut state.partitions[partition as usize];
+    /// Finishes the open batch of `topic`/`partition` (if any) and queues it
+    /// for the sender of its owner shard.
+    fn seal(&self, state: &mut State, topic: &Arc<str>, partition: u32) {
+        let Some(t) = state.topics.get_mut(topic) else { return };
+        let count = t.partitions.len() as u32;
+        let slot = &mut t.partitions[partition as usize];
         let Some(batch) = slot.open.take() else { return };
-        if state.sticky == partition {
-            state.sticky = (partition + 1) % count;
+        if t.sticky == partition {
+            t.sticky = (partition + 1) % count;
         }
-        let record_count = batch.replies.len() as u32;
         let data = batch.builder.finish();
         slot.last_batch_bytes = data.len();
         let sealed = SealedBatch {
             id: batch.id,
-            topic: state.name.clone(),
+            topic: t.name.clone(),
             partition,
             data: data.into(),
-            record_count,
-            replies: batch.replies,
+            record_count: batch.record_count,
+            completion: batch.completion,
             buffer_bytes: batch.buffer_bytes,
             attempts: 0,
         };
-        self.outstanding.insert(sealed.id);
-        let addr = match self.ctx.cluster.metadata().leader_addr(topic, partition) {
-            Ok(a) => a,
+        state.outstanding.insert(sealed.id);
+        match self.ctx.cluster.metadata().leader_addr(topic, partition) {
+            Ok(addr) => {
+                let q = self.queue(state, addr);
+                q.sealed.push_back(sealed);
+                q.wake.notify_one();
+            }
             Err(_) => {
                 // Metadata went stale; the retry path refreshes it.
-                let ctx = self.ctx.clone();
-                tokio::spawn(async move { sender::retry_batches(ctx, vec![sealed], None).await });
-                return;
+                self.runtime.spawn(sender::retry_batches(self.arc(), vec![sealed], None));
             }
-        };
-        let tx = self.senders.entry(addr.clone()).or_insert_with(|| sender::spawn(self.ctx.clone(), addr));
-        if let Err(mpsc::error::SendError(sealed)) = tx.send(sealed) {
-            let ctx = self.ctx.clone();
-            tokio::spawn(async move { sender::retry_batches(ctx, vec![sealed], None).await });
         }
     }
-}
 
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d.into()).await,
-        None => std::future::pending().await,
+    /// Seals every open batch.
+    fn seal_all(&self, state: &mut State) {
+        state.linger_queue.clear();
+        let open: Vec<(Arc<str>, u32)> = state
+            .topics
+            .values()
+            .flat_map(|t| {
+                t.partitions
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.open.is_some())
+                    .map(|(p, _)| (t.name.clone(), p as u32))
+            })
+            .collect();
+        for (topic, partition) in open {
+            self.seal(state, &topic, partition);
+        }
+    }
+
+    /// Whether the sender of `addr` has something to send.
+    pub(super) fn work(&self, addr: &str) -> Work {
+        let state = self.lock();
+        match state.senders.get(addr) {
+            Some(q) if !q.sealed.is_empty() || !q.ready.is_empty() => Work::Some,
+            _ if state.closing => Work::Done,
+            _ => Work::Idle,
+        }
+    }
+
+    /// Seals the ready batches of `addr` and takes one request's worth
+    /// (at most `request_bytes_max`, at least one batch) of its sealed batches.
+    pub(super) fn take_request(&self, addr: &str) -> Vec<SealedBatch> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let Some(q) = state.senders.get_mut(addr) else { return Vec::new() };
+        let ready = std::mem::take(&mut q.ready);
+        for (topic, partition, id) in ready {
+            if state.is_open(&topic, partition, id) {
+                self.seal(state, &topic, partition);
+            }
+        }
+        let Some(q) = state.senders.get_mut(addr) else { return Vec::new() };
+        let mut bytes = 0usize;
+        let mut n = 0usize;
+        for b in &q.sealed {
+            if n > 0 && bytes + b.data.len() > self.ctx.request_bytes_max {
+                break;
+            }
+            bytes += b.data.len();
+            n += 1;
+        }
+        q.sealed.drain(..n).collect()
+    }
+
+    /// A sealed batch completed (delivered or failed for good).
+    pub(super) fn batch_done(&self, id: u64) {
+        self.lock().outstanding.remove(&id);
+        self.completed.notify_waiters();
+    }
+
+    /// Seals every open batch and waits until every batch opened before this
+    /// call has completed.
+    pub async fn flush(&self) {
+        let upto = {
+            let mut state = self.lock();
+            self.seal_all(&mut state);
+            state.next_id
+        };
+        loop {
+            let notified = self.completed.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if self.lock().outstanding.first().is_none_or(|&id| id >= upto) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// The last producer handle is gone: send what is left, then let the
+    /// background tasks end once idle.
+    pub fn shutdown(&self) {
+        let mut state = self.lock();
+        self.seal_all(&mut state);
+        state.closing = true;
+        for q in state.senders.values() {
+            q.wake.notify_one();
+        }
+        self.linger_wake.notify_one();
+    }
+
+    /// Moves batches whose linger is over to their senders; returns the next
+    /// deadline (`None` inside when none), or `None` once shutting down.
+    fn expire_lingers(&self) -> Option<Option<Instant>> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        if state.closing {
+            return None;
+        }
+        let now = Instant::now();
+        while let Some((deadline, _, _, _)) = state.linger_queue.front() {
+            if *deadline > now {
+                return Some(Some(*deadline));
+            }
+            let (_, topic, partition, id) = state.linger_queue.pop_front().expect("front exists");
+            if state.is_open(&topic, partition, id) {
+                self.make_ready(state, &topic, partition, id);
+            }
+        }
+        Some(None)
+    }
+
+    /// An owning handle to this core, for a task to keep.
+    fn arc(&self) -> Arc<Core> {
+        self.me.upgrade().expect("the core is alive while a method runs on it")
     }
 }
 
-/// Builds the value handed to each record's future.
-pub(super) fn delivered(topic: &Arc<str>, partition: u32, offset: u64, timestamp_ms: i64) -> Delivered {
-    Delivered { topic: topic.clone(), partition, offset, timestamp_ms }
+/// Moves batches to their senders as their linger ends; ends on shutdown.
+async fn linger_loop(core: Arc<Core>) {
+    loop {
+        match core.expire_lingers() {
+            None => return,
+            Some(Some(deadline)) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(deadline.into()) => {}
+                    () = core.linger_wake.notified() => {}
+                }
+            }
+            Some(None) => core.linger_wake.notified().await,
+        }
+    }
 }

@@ -1,16 +1,20 @@
 //! The producer: asynchronous batching with back-pressure.
 //!
 //! ```text
-//!  send() ──[buffer bytes permit]──▶ command channel ──▶ accumulator task
-//!                                                         │ partition, append into a BatchBuilder,
-//!                                                         │ seal on batch_bytes / linger_ms / flush
+//!  send() ──[buffer bytes permit]──▶ accumulator (a mutex, held briefly, inside send):
+//!                                      partition, append into the open BatchBuilder,
+//!                                      seal when full; the record's future = its batch's
+//!                                      completion cell + its index in the batch
+//!                                                         │ batch ready (linger over, or at once
+//!                                                         │ with linger_ms = 0), full, or flushed
 //!                                                         ▼
 //!                                  one sender task per owner-shard address
-//!                                                         │ coalesce sealed batches into one
-//!                                                         │ produce request, ≤ max_in_flight pipelined
+//!                                                         │ waits for an in-flight slot, seals its
+//!                                                         │ ready batches, coalesces sealed batches
+//!                                                         │ into one produce request (≤ max_in_flight)
 //!                                                         ▼
-//!                     completion task per request: offsets → DeliveryFuture,
-//!                     retries (metadata refresh), buffer bytes released
+//!                     completion task per request: one outcome per batch resolves
+//!                     every record's future; retries (metadata refresh); buffer bytes released
 //! ```
 //!
 //! `send` only waits for buffer space (`buffer_bytes_max`, counted in record
@@ -19,21 +23,21 @@
 //! may land after a later one (as in Kafka without idempotence).
 
 mod accumulator;
+mod completion;
 mod partitioner;
 mod sender;
 
+pub use completion::DeliveryFuture;
 pub use partitioner::{DefaultPartitioner, Partitioner};
 
 use crate::cluster::Cluster;
 use crate::config::{ClientConfig, ProducerConfig};
 use crate::error::{ClientError, Result};
+use accumulator::Core;
 use bytes::Bytes;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{Semaphore, TryAcquireError};
 
 /// The offset reported for records sent with `Acks::None` (the broker sends
 /// no response, so the offset is never known).
@@ -111,58 +115,19 @@ pub struct RecordMetadata {
     pub timestamp_ms: i64,
 }
 
-/// What the completion path sends to a record's future (cheap: no String).
-#[derive(Debug, Clone)]
-pub(crate) struct Delivered {
-    pub topic: Arc<str>,
-    pub partition: u32,
-    pub offset: u64,
-    pub timestamp_ms: i64,
-}
-
-pub(crate) type DeliveryReply = oneshot::Sender<Result<Delivered>>;
-
-/// Resolves when the record is acknowledged (with its offset) or has failed
-/// for good. Dropping it does not cancel the send.
-pub struct DeliveryFuture {
-    rx: oneshot::Receiver<Result<Delivered>>,
-}
-
-impl Future for DeliveryFuture {
-    type Output = Result<RecordMetadata>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.rx).poll(cx).map(|r| match r {
-            Ok(Ok(d)) => Ok(RecordMetadata {
-                topic: d.topic.to_string(),
-                partition: d.partition,
-                offset: d.offset,
-                timestamp_ms: d.timestamp_ms,
-            }),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(ClientError::Closed),
-        })
-    }
-}
-
-/// A record on its way to the accumulator.
-pub(crate) struct QueuedRecord {
-    pub record: ProducerRecord,
-    pub bytes: usize,
-    pub reply: DeliveryReply,
-}
-
-pub(crate) enum Command {
-    Record(QueuedRecord),
-    /// Seal every batch now and answer once all earlier records completed.
-    Flush(oneshot::Sender<()>),
-}
-
+/// Shared by every clone of one producer; dropping the last one sends what
+/// is buffered and lets the background tasks end.
 struct Shared {
-    tx: mpsc::UnboundedSender<Command>,
+    core: Arc<Core>,
     buffer: Arc<Semaphore>,
     buffer_bytes_max: usize,
     closed: AtomicBool,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.core.shutdown();
+    }
 }
 
 /// The producer. Cheap to clone; all clones share one accumulator and one
@@ -185,10 +150,9 @@ impl Producer {
         let client = ClientConfig { max_in_flight: config.max_in_flight, ..config.client.clone() };
         let cluster = Cluster::connect(client, Some(&[])).await?;
         let buffer = Arc::new(Semaphore::new(buffer_bytes_max));
-        let (tx, rx) = mpsc::unbounded_channel();
-        accumulator::spawn(cluster, config, buffer.clone(), rx);
+        let core = Core::start(cluster, &config, buffer.clone());
         Ok(Producer {
-            shared: Arc::new(Shared { tx, buffer, buffer_bytes_max, closed: AtomicBool::new(false) }),
+            shared: Arc::new(Shared { core, buffer, buffer_bytes_max, closed: AtomicBool::new(false) }),
         })
     }
 
@@ -202,15 +166,16 @@ impl Producer {
         if bytes > self.shared.buffer_bytes_max {
             return Err(ClientError::RecordTooLarge { size: bytes, max: self.shared.buffer_bytes_max });
         }
-        let permit = self.shared.buffer.acquire_many(bytes as u32).await.map_err(|_| ClientError::Closed)?;
+        let permit = match self.shared.buffer.try_acquire_many(bytes as u32) {
+            Ok(p) => p,
+            Err(TryAcquireError::NoPermits) => {
+                self.shared.buffer.acquire_many(bytes as u32).await.map_err(|_| ClientError::Closed)?
+            }
+            Err(TryAcquireError::Closed) => return Err(ClientError::Closed),
+        };
         // Given back by the completion path once the record's request is done.
         permit.forget();
-        let (reply, rx) = oneshot::channel();
-        if self.shared.tx.send(Command::Record(QueuedRecord { record, bytes, reply })).is_err() {
-            self.shared.buffer.add_permits(bytes);
-            return Err(ClientError::Closed);
-        }
-        Ok(DeliveryFuture { rx })
+        Ok(self.shared.core.append(record, bytes).await)
     }
 
     /// Sends a record and waits for its acknowledgement.
@@ -221,9 +186,8 @@ impl Producer {
     /// Sends every buffered record now (ignoring `linger_ms`) and waits until
     /// all records sent before this call are acknowledged or failed.
     pub async fn flush(&self) -> Result<()> {
-        let (tx, rx) = oneshot::channel();
-        self.shared.tx.send(Command::Flush(tx)).map_err(|_| ClientError::Closed)?;
-        rx.await.map_err(|_| ClientError::Closed)
+        self.shared.core.flush().await;
+        Ok(())
     }
 
     /// Flushes, then refuses further sends from every clone.

@@ -1,8 +1,10 @@
-//! Sender tasks: one per owner-shard address. Each turns sealed batches into
-//! pipelined produce requests and completes their records' futures.
+//! Sender tasks: one per owner-shard address. Each waits for a free
+//! in-flight slot on its connection, then seals its ready batches, turns its
+//! sealed batches into one pipelined produce request, and completes each
+//! batch's records from the response.
 
-use super::accumulator::delivered;
-use super::{DeliveryReply, OFFSET_UNKNOWN};
+use super::accumulator::{Core, Work};
+use super::completion::{Completion, Landed};
 use crate::cluster::Cluster;
 use crate::config::{Acks, ProducerConfig};
 use crate::conn::ResponseFuture;
@@ -12,12 +14,9 @@ use bytes::Bytes;
 use shardlog_schema::ErrorCode;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{Notify, Semaphore};
 
-/// Sealed batches taken from the queue per wake-up.
-const BATCHES_PER_WAKE_MAX: usize = 1024;
-
-/// What every sender and completion task shares.
+/// What every sender and completion task needs besides the accumulator.
 pub(crate) struct SenderCtx {
     pub cluster: Arc<Cluster>,
     /// Buffer-bytes semaphore of the producer; completed batches give back.
@@ -26,17 +25,11 @@ pub(crate) struct SenderCtx {
     timeout_ms: u32,
     retries: u32,
     backoff: Duration,
-    request_bytes_max: usize,
-    done_tx: mpsc::UnboundedSender<u64>,
+    pub request_bytes_max: usize,
 }
 
 impl SenderCtx {
-    pub fn new(
-        cluster: Arc<Cluster>,
-        config: &ProducerConfig,
-        buffer: Arc<Semaphore>,
-        done_tx: mpsc::UnboundedSender<u64>,
-    ) -> Self {
+    pub fn new(cluster: Arc<Cluster>, config: &ProducerConfig, buffer: Arc<Semaphore>) -> Self {
         SenderCtx {
             acks: config.acks.wire(),
             timeout_ms: u32::try_from(config.client.request_timeout_ms).unwrap_or(u32::MAX),
@@ -44,7 +37,6 @@ impl SenderCtx {
             backoff: Duration::from_millis(config.client.retry_backoff_ms),
             request_bytes_max: config.request_bytes_max.max(1),
             buffer,
-            done_tx,
             cluster,
         }
     }
@@ -61,32 +53,23 @@ pub(crate) struct SealedBatch {
     pub partition: u32,
     pub data: Bytes,
     pub record_count: u32,
-    pub replies: Vec<(DeliveryReply, i64)>,
+    /// Resolves every record's future at once.
+    pub completion: Completion,
     pub buffer_bytes: usize,
     pub attempts: u32,
 }
 
 impl SealedBatch {
     /// Resolves every record's future, gives back the buffer bytes and tells
-    /// the accumulator (for flush).
-    fn finish(self, ctx: &SenderCtx, outcome: Result<(i64, i64)>) {
-        match outcome {
-            Ok((base, append_time_ms)) => {
-                for (i, (reply, ts)) in self.replies.into_iter().enumerate() {
-                    let offset = if base < 0 { OFFSET_UNKNOWN } else { base as u64 + i as u64 };
-                    let ts = if append_time_ms >= 0 { append_time_ms } else { ts };
-                    let _ = reply.send(Ok(delivered(&self.topic, self.partition, offset, ts)));
-                }
-            }
-            Err(e) => {
-                tracing::debug!(topic = %self.topic, partition = self.partition, error = %e, "batch failed");
-                for (reply, _) in self.replies {
-                    let _ = reply.send(Err(e.clone()));
-                }
-            }
+    /// the accumulator (for flush). `outcome` is (base offset, log append time).
+    fn finish(self, core: &Core, outcome: Result<(i64, i64)>) {
+        if let Err(e) = &outcome {
+            tracing::debug!(topic = %self.topic, partition = self.partition, error = %e, "batch failed");
         }
-        ctx.buffer.add_permits(self.buffer_bytes);
-        let _ = ctx.done_tx.send(self.id);
+        self.completion
+            .complete(outcome.map(|(base_offset, append_time_ms)| Landed { base_offset, append_time_ms }));
+        core.ctx.buffer.add_permits(self.buffer_bytes);
+        core.batch_done(self.id);
     }
 }
 
@@ -122,61 +105,54 @@ fn encode(ctx: &SenderCtx, client_id: &str, corr: u32, entries: &[Entry]) -> Vec
     protocol::encode_produce(corr, client_id, ctx.acks, ctx.timeout_ms, &wire_entries)
 }
 
-/// Starts the sender task for `addr`.
-pub(crate) fn spawn(ctx: Arc<SenderCtx>, addr: String) -> mpsc::UnboundedSender<SealedBatch> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(send_loop(ctx, addr, rx));
-    tx
-}
-
-async fn send_loop(ctx: Arc<SenderCtx>, addr: String, mut rx: mpsc::UnboundedReceiver<SealedBatch>) {
-    let mut queue: Vec<SealedBatch> = Vec::new();
+/// The sender task of `addr`: runs until the producer shuts down and its
+/// queue is empty.
+pub(crate) async fn send_loop(core: Arc<Core>, addr: String, wake: Arc<Notify>) {
+    let ctx = &core.ctx;
     loop {
-        if queue.is_empty() {
-            if rx.recv_many(&mut queue, BATCHES_PER_WAKE_MAX).await == 0 {
-                return;
+        match core.work(&addr) {
+            Work::Some => {}
+            Work::Idle => {
+                // `notify_one` leaves a permit when nobody waits: no wake-up is lost.
+                wake.notified().await;
+                continue;
             }
-        } else {
-            while let Ok(b) = rx.try_recv() {
-                queue.push(b);
-            }
+            Work::Done => return,
         }
-        // One request's worth, at least one batch.
-        let mut bytes = 0usize;
-        let mut n = 0usize;
-        for b in &queue {
-            if n > 0 && bytes + b.data.len() > ctx.request_bytes_max {
-                break;
-            }
-            bytes += b.data.len();
-            n += 1;
-        }
-        let entries = group(queue.drain(..n).collect());
         let conn = match ctx.cluster.connection(&addr).await {
             Ok(c) => c,
             Err(e) => {
-                tokio::spawn(retry_batches(ctx.clone(), flatten(entries), Some(e)));
+                let batches = core.take_request(&addr);
+                tokio::spawn(retry_batches(core.clone(), batches, Some(e)));
                 continue;
             }
         };
+        if ctx.expects_response() {
+            // Ready batches keep growing while every in-flight slot is busy.
+            conn.wait_for_slot().await;
+        }
+        let batches = core.take_request(&addr);
+        if batches.is_empty() {
+            continue;
+        }
+        let entries = group(batches);
         let payload: Vec<Bytes> =
             entries.iter().flat_map(|e| e.batches.iter().map(|b| b.data.clone())).collect();
         let client_id = ctx.cluster.config.client_id.clone();
-        // Waits for an in-flight slot: this is where pipelining is bounded.
         let submitted = conn
-            .submit(|corr| encode(&ctx, &client_id, corr, &entries), payload, ctx.expects_response())
+            .submit(|corr| encode(ctx, &client_id, corr, &entries), payload, ctx.expects_response())
             .await;
         match submitted {
             Ok(_) if !ctx.expects_response() => {
                 for b in flatten(entries) {
-                    b.finish(&ctx, Ok((-1, -1)));
+                    b.finish(&core, Ok((-1, -1)));
                 }
             }
             Ok(response) => {
-                tokio::spawn(complete(ctx.clone(), response, entries));
+                tokio::spawn(complete(core.clone(), response, entries));
             }
             Err(e) => {
-                tokio::spawn(retry_batches(ctx.clone(), flatten(entries), Some(e)));
+                tokio::spawn(retry_batches(core.clone(), flatten(entries), Some(e)));
             }
         }
     }
@@ -192,13 +168,13 @@ fn partition_error(r: &ProduceResult) -> ClientError {
 
 /// Waits for one produce response and resolves its batches; retriable
 /// failures go to the retry path.
-async fn complete(ctx: Arc<SenderCtx>, response: ResponseFuture, entries: Vec<Entry>) {
+async fn complete(core: Arc<Core>, response: ResponseFuture, entries: Vec<Entry>) {
     let results = match response.wait(Duration::ZERO).await.and_then(|raw| protocol::decode_produce(&raw)) {
         Ok(r) => r,
-        Err(e) if e.is_retriable() => return retry_batches(ctx, flatten(entries), Some(e)).await,
+        Err(e) if e.is_retriable() => return retry_batches(core, flatten(entries), Some(e)).await,
         Err(e) => {
             for b in flatten(entries) {
-                b.finish(&ctx, Err(e.clone()));
+                b.finish(&core, Err(e.clone()));
             }
             return;
         }
@@ -211,7 +187,7 @@ async fn complete(ctx: Arc<SenderCtx>, response: ResponseFuture, entries: Vec<En
             let e =
                 ClientError::Protocol(format!("no produce result for {}/{}", entry.topic, entry.partition));
             for b in entry.batches {
-                b.finish(&ctx, Err(e.clone()));
+                b.finish(&core, Err(e.clone()));
             }
             continue;
         };
@@ -219,7 +195,7 @@ async fn complete(ctx: Arc<SenderCtx>, response: ResponseFuture, entries: Vec<En
             let mut base = r.base_offset;
             for b in entry.batches {
                 let count = i64::from(b.record_count);
-                b.finish(&ctx, Ok((base, r.log_append_time_ms)));
+                b.finish(&core, Ok((base, r.log_append_time_ms)));
                 if base >= 0 {
                     base += count;
                 }
@@ -230,24 +206,25 @@ async fn complete(ctx: Arc<SenderCtx>, response: ResponseFuture, entries: Vec<En
         } else {
             let e = partition_error(r);
             for b in entry.batches {
-                b.finish(&ctx, Err(e.clone()));
+                b.finish(&core, Err(e.clone()));
             }
         }
     }
     if !retry.is_empty() {
-        retry_batches(ctx, retry, retry_err).await;
+        retry_batches(core, retry, retry_err).await;
     }
 }
 
 /// Retries batches one by one (in order) after a backoff and a metadata
 /// refresh, up to `retries` attempts each.
-pub(crate) async fn retry_batches(ctx: Arc<SenderCtx>, batches: Vec<SealedBatch>, err: Option<ClientError>) {
+pub(crate) async fn retry_batches(core: Arc<Core>, batches: Vec<SealedBatch>, err: Option<ClientError>) {
+    let ctx = &core.ctx;
     for mut b in batches {
         let mut last = err.clone();
         loop {
             if b.attempts >= ctx.retries {
                 let e = last.take().unwrap_or(ClientError::Protocol("batch could not be sent".into()));
-                b.finish(&ctx, Err(e));
+                b.finish(&core, Err(e));
                 break;
             }
             b.attempts += 1;
@@ -255,14 +232,14 @@ pub(crate) async fn retry_batches(ctx: Arc<SenderCtx>, batches: Vec<SealedBatch>
             if let Err(e) = ctx.cluster.refresh(Some(&[b.topic.to_string()])).await {
                 tracing::debug!(error = %e, "metadata refresh before retry failed");
             }
-            match send_one(&ctx, &b).await {
+            match send_one(ctx, &b).await {
                 Ok(offsets) => {
-                    b.finish(&ctx, Ok(offsets));
+                    b.finish(&core, Ok(offsets));
                     break;
                 }
                 Err(e) if e.is_retriable() => last = Some(e),
                 Err(e) => {
-                    b.finish(&ctx, Err(e));
+                    b.finish(&core, Err(e));
                     break;
                 }
             }
