@@ -1,28 +1,34 @@
 //! The consumer: assigned partitions, explicit positions, long-polling
 //! fetches sent straight to each partition's owner shard.
 //!
-//! At most one fetch is outstanding per owner-shard address; it carries
-//! every assigned partition that shard owns. Fetches to different shards run
-//! concurrently, and the next fetch to a shard is sent as soon as its
-//! previous answer is consumed (before `poll` returns), so the network works
-//! while the application processes records. A fetch still outstanding when
-//! `poll`'s timeout ends is picked up by the next `poll`. Answers that
-//! predate a `seek` are dropped by comparing a per-partition generation.
+//! Each owner-shard address has one fetch task while partitions it owns are
+//! assigned. The task long-polls every assigned partition of that shard and,
+//! as soon as an answer arrives, works out the next offsets from the batch
+//! headers alone and sends the next fetch, before the consumer decodes the
+//! answer: the broker serves the next fetch while the application works. At
+//! most [`FETCHES_AHEAD_MAX`] answers per task wait unconsumed. A task stops
+//! after an error (the consumer starts a fresh one on the next `poll`) and is
+//! stopped by `seek` and `assign`; answers of a stopped task, and answers
+//! that predate a `seek` (a per-partition generation), are dropped.
 
 use crate::cluster::Cluster;
 use crate::config::{ConsumerConfig, OffsetReset};
 use crate::error::{ClientError, Result};
 use crate::protocol::{self, FetchParams, FetchResult, FetchTarget, OffsetQuery};
 use bytes::Bytes;
-use shardlog_schema::batch::{records, BatchIter};
+use shardlog_schema::batch::{peek_total_bytes, BatchError, BatchHeader, BatchIter, BATCH_HEADER_BYTES};
+use shardlog_schema::wire;
 use shardlog_schema::ErrorCode;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 /// Largest batch the consumer accepts (a bound against a corrupt length).
 const BATCH_BYTES_MAX: usize = 256 << 20;
+/// Answers one fetch task may have waiting for the consumer (fetch-ahead depth).
+pub const FETCHES_AHEAD_MAX: usize = 2;
 
 /// Where to start reading.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +60,6 @@ struct PartState {
     position: u64,
     /// Changes on every seek/assign; fetch answers carry the one they were sent with.
     generation: u64,
-    in_flight: bool,
     /// Owner-shard address; `None` until (re)resolved from metadata.
     leader: Option<String>,
     /// Set by `OffsetOutOfRange`: resolve the position again before fetching.
@@ -62,11 +67,25 @@ struct PartState {
     high_watermark: i64,
 }
 
+/// What a fetch task fetched for one partition: (topic, partition, generation, offset).
+type Sent = (Arc<str>, u32, u64, u64);
+
 struct FetchOutcome {
     addr: String,
-    /// (topic, partition, generation) of each partition fetched.
-    sent: Vec<(Arc<str>, u32, u64)>,
+    /// The task that fetched (answers of a stopped task are dropped).
+    task: u64,
+    sent: Vec<Sent>,
     result: Result<Vec<FetchResult>>,
+    /// The task ended after this answer.
+    last: bool,
+    /// Held until the answer is consumed: bounds the answers waiting.
+    _slot: OwnedSemaphorePermit,
+}
+
+/// A running fetch task.
+struct FetchTask {
+    id: u64,
+    stop: Arc<AtomicBool>,
 }
 
 /// The consumer. Not `Clone`: it owns its positions.
@@ -74,8 +93,10 @@ pub struct Consumer {
     cluster: Arc<Cluster>,
     config: ConsumerConfig,
     parts: HashMap<(Arc<str>, u32), PartState>,
-    busy: HashMap<String, bool>,
+    /// The fetch task of each owner-shard address that has one.
+    tasks: HashMap<String, FetchTask>,
     next_generation: u64,
+    next_task: u64,
     results_tx: mpsc::UnboundedSender<FetchOutcome>,
     results_rx: mpsc::UnboundedReceiver<FetchOutcome>,
 }
@@ -97,8 +118,9 @@ impl Consumer {
             cluster,
             config,
             parts: HashMap::new(),
-            busy: HashMap::new(),
+            tasks: HashMap::new(),
             next_generation: 1,
+            next_task: 1,
             results_tx,
             results_rx,
         })
@@ -114,6 +136,7 @@ impl Consumer {
             md.leader_addr(t, *p)?;
         }
         let positions = self.resolve(partitions, start).await?;
+        self.stop_all_tasks();
         self.parts.clear();
         for ((t, p), position) in partitions.iter().zip(positions) {
             let generation = self.bump();
@@ -123,7 +146,6 @@ impl Consumer {
                     topic: Arc::from(t.as_str()),
                     position,
                     generation,
-                    in_flight: false,
                     leader: md.leader_addr(t, *p).ok(),
                     needs_reset: false,
                     high_watermark: -1,
@@ -182,6 +204,9 @@ impl Consumer {
         state.position = position;
         state.generation = generation;
         state.needs_reset = false;
+        if let Some(addr) = state.leader.clone() {
+            self.stop_task(&addr);
+        }
         Ok(())
     }
 
@@ -236,41 +261,57 @@ impl Consumer {
                 }
             }
         }
-        let mut by_addr: HashMap<String, Vec<FetchTarget>> = HashMap::new();
-        let mut sent: HashMap<String, Vec<(Arc<str>, u32, u64)>> = HashMap::new();
-        for ((t, p), s) in &mut self.parts {
-            let addr = s.leader.clone().expect("resolved above");
-            if s.in_flight || self.busy.get(&addr).copied().unwrap_or(false) {
+        let mut by_addr: HashMap<String, (Vec<FetchTarget>, Vec<Sent>)> = HashMap::new();
+        for ((t, p), s) in &self.parts {
+            let addr = s.leader.as_ref().expect("resolved above");
+            if self.tasks.contains_key(addr) {
                 continue;
             }
-            s.in_flight = true;
-            by_addr.entry(addr.clone()).or_default().push(FetchTarget {
+            let (targets, sent) = by_addr.entry(addr.clone()).or_default();
+            targets.push(FetchTarget {
                 topic: t.to_string(),
                 partition: *p,
                 offset: s.position,
                 max_bytes: self.config.partition_max_bytes,
             });
-            sent.entry(addr).or_default().push((t.clone(), *p, s.generation));
+            sent.push((t.clone(), *p, s.generation, s.position));
         }
         let params = FetchParams {
             max_wait_ms: self.config.fetch_max_wait_ms,
             min_bytes: self.config.fetch_min_bytes,
             max_bytes: self.config.fetch_max_bytes,
         };
-        for (addr, targets) in by_addr {
-            self.busy.insert(addr.clone(), true);
-            let sent = sent.remove(&addr).unwrap_or_default();
-            let cluster = self.cluster.clone();
-            let tx = self.results_tx.clone();
-            tokio::spawn(async move {
-                let result = fetch(&cluster, &addr, params, &targets).await;
-                if result.as_ref().is_err_and(ClientError::is_retriable) {
-                    tokio::time::sleep(Duration::from_millis(cluster.config.retry_backoff_ms)).await;
-                }
-                let _ = tx.send(FetchOutcome { addr, sent, result });
-            });
+        for (addr, (targets, sent)) in by_addr {
+            let id = self.next_task;
+            self.next_task += 1;
+            let stop = Arc::new(AtomicBool::new(false));
+            self.tasks.insert(addr.clone(), FetchTask { id, stop: stop.clone() });
+            let task = FetchLoop {
+                cluster: self.cluster.clone(),
+                addr,
+                id,
+                params,
+                targets,
+                sent,
+                tx: self.results_tx.clone(),
+                stop,
+            };
+            tokio::spawn(task.run());
         }
         Ok(())
+    }
+
+    /// Stops the fetch task of `addr`; its unconsumed answers are dropped.
+    fn stop_task(&mut self, addr: &str) {
+        if let Some(t) = self.tasks.remove(addr) {
+            t.stop.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn stop_all_tasks(&mut self) {
+        for (_, t) in self.tasks.drain() {
+            t.stop.store(true, Ordering::Relaxed);
+        }
     }
 
     async fn reset_positions(&mut self) -> Result<()> {
@@ -290,17 +331,28 @@ impl Consumer {
 
     /// Takes one fetch answer: appends its records to `out`, advances positions.
     async fn absorb(&mut self, outcome: FetchOutcome, out: &mut Vec<ConsumerRecord>) -> Result<()> {
-        self.busy.insert(outcome.addr.clone(), false);
+        if self.tasks.get(&outcome.addr).is_none_or(|t| t.id != outcome.task) {
+            return Ok(()); // from a stopped task
+        }
+        if outcome.last {
+            self.tasks.remove(&outcome.addr);
+        }
         let mut current = Vec::with_capacity(outcome.sent.len());
-        for (t, p, generation) in &outcome.sent {
-            if let Some(s) = self.parts.get_mut(&(t.clone(), *p)) {
-                // This partition's fetch is over either way; an answer from
-                // before a seek is dropped (its generation is stale).
-                s.in_flight = false;
-                if s.generation == *generation {
+        let mut diverged = false;
+        for (t, p, generation, offset) in &outcome.sent {
+            if let Some(s) = self.parts.get(&(t.clone(), *p)) {
+                // An answer from before a seek is dropped (its generation is
+                // stale); one fetched from another offset means the task's
+                // idea of the position went astray: restart it.
+                if s.generation == *generation && s.position == *offset {
                     current.push((t.clone(), *p));
+                } else if s.generation == *generation {
+                    diverged = true;
                 }
             }
+        }
+        if diverged {
+            self.stop_task(&outcome.addr);
         }
         let results = match outcome.result {
             Ok(r) => r,
@@ -336,6 +388,74 @@ impl Consumer {
     }
 }
 
+/// One owner shard's fetch task (see the module docs).
+struct FetchLoop {
+    cluster: Arc<Cluster>,
+    addr: String,
+    id: u64,
+    params: FetchParams,
+    targets: Vec<FetchTarget>,
+    sent: Vec<Sent>,
+    tx: mpsc::UnboundedSender<FetchOutcome>,
+    stop: Arc<AtomicBool>,
+}
+
+impl FetchLoop {
+    async fn run(mut self) {
+        let slots = Arc::new(Semaphore::new(FETCHES_AHEAD_MAX));
+        loop {
+            let Ok(slot) = slots.clone().acquire_owned().await else { return };
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let result = fetch(&self.cluster, &self.addr, self.params, &self.targets).await;
+            if result.as_ref().is_err_and(ClientError::is_retriable) {
+                tokio::time::sleep(Duration::from_millis(self.cluster.config.retry_backoff_ms)).await;
+            }
+            let sent = self.sent.clone();
+            let advanced = result.as_ref().is_ok_and(|rs| advance(&mut self.targets, rs));
+            let last = !advanced || self.stop.load(Ordering::Relaxed);
+            let outcome =
+                FetchOutcome { addr: self.addr.clone(), task: self.id, sent, result, last, _slot: slot };
+            if self.tx.send(outcome).is_err() || last {
+                return;
+            }
+            for (s, t) in self.sent.iter_mut().zip(&self.targets) {
+                s.3 = t.offset;
+            }
+        }
+    }
+}
+
+/// Moves each target past the whole batches of its answer; `false` when a
+/// partition answered with an error (the task then stops).
+fn advance(targets: &mut [FetchTarget], results: &[FetchResult]) -> bool {
+    for r in results {
+        if r.error != ErrorCode::None {
+            return false;
+        }
+        if let Some(t) = targets.iter_mut().find(|t| t.partition == r.partition && t.topic == r.topic) {
+            t.offset = next_position(t.offset, &r.data);
+        }
+    }
+    true
+}
+
+/// The position after the whole batches in `data`, from their headers alone
+/// (the same position `decode_records` reaches when every batch is sound).
+fn next_position(mut position: u64, data: &[u8]) -> u64 {
+    let mut at = 0;
+    while let Some(total) = peek_total_bytes(&data[at..]) {
+        if !(BATCH_HEADER_BYTES..=BATCH_BYTES_MAX).contains(&total) || data.len() - at < total {
+            break;
+        }
+        let Ok(header) = BatchHeader::parse(&data[at..]) else { break };
+        position = position.max(header.next_offset());
+        at += total;
+    }
+    position
+}
+
 async fn fetch(
     cluster: &Cluster,
     addr: &str,
@@ -354,6 +474,10 @@ async fn fetch(
 /// Appends the records at or after `position` from concatenated batches;
 /// returns the new position. A partial trailing batch is ignored (the next
 /// fetch starts at it).
+///
+/// Each batch is checked (length, CRC) and its record set verified, then its
+/// records are read straight from the flatbuffer into `out`: keys and values
+/// are slices of `data`, never copies, and nothing is collected in between.
 pub(crate) fn decode_records(
     topic: &Arc<str>,
     partition: u32,
@@ -368,27 +492,79 @@ pub(crate) fn decode_records(
         if header.last_offset() < position {
             continue;
         }
-        let views = records(bytes).map_err(|e| {
+        let corrupt = |e: &dyn std::fmt::Display| {
             ClientError::Protocol(format!(
                 "corrupt records in {topic}/{partition} at {}: {e}",
                 header.base_offset
             ))
-        })?;
-        for r in views {
-            if r.offset < position {
+        };
+        if header.codec() != 0 {
+            return Err(corrupt(&BatchError::UnsupportedCodec(header.codec())));
+        }
+        let set =
+            flatbuffers::root::<wire::RecordSet>(&bytes[BATCH_HEADER_BYTES..]).map_err(|e| corrupt(&e))?;
+        let records = set.records().unwrap_or_default();
+        out.reserve(records.len());
+        for r in records {
+            let offset = header.base_offset + u64::from(r.offset_delta());
+            if offset < position {
                 continue;
             }
             out.push(ConsumerRecord {
                 topic: topic.clone(),
                 partition,
-                offset: r.offset,
-                timestamp_ms: r.timestamp_ms,
-                key: r.key.map(|k| data.slice_ref(k)),
-                value: data.slice_ref(r.value),
-                headers: r.headers.iter().map(|(k, v)| ((*k).to_string(), data.slice_ref(v))).collect(),
+                offset,
+                timestamp_ms: header.first_timestamp + r.timestamp_delta(),
+                key: r.key().map(|k| data.slice_ref(k.bytes())),
+                value: r.value().map_or_else(Bytes::new, |v| data.slice_ref(v.bytes())),
+                headers: r.headers().map_or_else(Vec::new, |hs| {
+                    hs.iter()
+                        .map(|h| {
+                            let value = h.value().map_or_else(Bytes::new, |v| data.slice_ref(v.bytes()));
+                            (h.key().unwrap_or_default().to_string(), value)
+                        })
+                        .collect()
+                }),
             });
         }
         position = position.max(header.next_offset());
     }
     Ok(position)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shardlog_schema::batch::{stamp, BatchBuilder};
+
+    fn batch(base: u64, values: &[&str]) -> Vec<u8> {
+        let mut b = BatchBuilder::with_capacity(256);
+        for v in values {
+            b.push(None, v.as_bytes(), &[("h", b"x")], 1000);
+        }
+        let mut out = b.finish();
+        stamp(&mut out, base, 0);
+        out
+    }
+
+    /// The fetch task's header-only walk lands where decoding does, and both
+    /// skip records before the position and a partial trailing batch.
+    #[test]
+    fn header_walk_and_decode_agree() {
+        let mut data = batch(10, &["a", "b", "c"]);
+        data.extend(batch(13, &["d"]));
+        let whole = data.len();
+        data.extend(&batch(14, &["e", "f"])[..20]);
+        let data = Bytes::from(data);
+        let topic: Arc<str> = Arc::from("t");
+        let mut out = Vec::new();
+        let pos = decode_records(&topic, 1, 11, &data, &mut out).expect("decodes");
+        assert_eq!(pos, 14);
+        assert_eq!(next_position(11, &data), 14);
+        assert_eq!(next_position(11, &data[..whole - 1]), 13, "a cut batch is not counted");
+        let got: Vec<(u64, &[u8])> = out.iter().map(|r| (r.offset, &r.value[..])).collect();
+        assert_eq!(got, vec![(11, &b"b"[..]), (12, b"c"), (13, b"d")]);
+        assert_eq!(out[0].headers, vec![("h".to_string(), Bytes::from_static(b"x"))]);
+        assert_eq!((out[0].timestamp_ms, &*out[0].topic, out[0].partition), (1000, "t", 1));
+    }
 }

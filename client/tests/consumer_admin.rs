@@ -102,3 +102,46 @@ async fn admin_creates_lists_describes_and_deletes() {
     assert_eq!(admin.list_topics().await.expect("list"), vec!["b".to_string()]);
     assert!(matches!(admin.delete_topic("a").await, Err(ClientError::UnknownTopic(_))));
 }
+
+/// Many small fetches (the fetch task runs ahead of `poll`) deliver every
+/// record once and in order over two partitions on two shards, and a seek
+/// backwards in the middle restarts reading from the new position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetch_ahead_delivers_everything_in_order_and_seek_restarts_it() {
+    let broker = TestBroker::start().await;
+    create(&broker, "t", 2).await;
+    let config = ProducerConfig { batch_bytes: 4 << 10, ..producer_config(&broker) };
+    let producer = Producer::new(config).await.expect("producer");
+    for i in 0..4000u32 {
+        drop(
+            producer
+                .send(ProducerRecord::new("t", format!("v{i}")).with_partition(i % 2))
+                .await
+                .expect("send"),
+        );
+    }
+    producer.close().await.expect("close");
+    // Small answers: about one 4 KiB batch per partition per fetch.
+    let config = ConsumerConfig { partition_max_bytes: 4 << 10, ..consumer_config(&broker) };
+    let mut c = Consumer::new(config).await.expect("consumer");
+    c.assign(&[("t".into(), 0), ("t".into(), 1)], SeekTo::Earliest).await.expect("assign");
+    let mut next = [0u64; 2];
+    let mut seeked = false;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while next != [2000, 2000] {
+        assert!(tokio::time::Instant::now() < deadline, "stuck at {next:?}");
+        for r in c.poll(Duration::from_millis(200)).await.expect("poll") {
+            let p = r.partition as usize;
+            assert_eq!(r.offset, next[p], "partition {p} in order, no gaps or repeats");
+            assert_eq!(r.value, format!("v{}", r.offset * 2 + u64::from(r.partition)).as_bytes());
+            next[p] += 1;
+        }
+        if !seeked && next[0] >= 1000 {
+            seeked = true;
+            c.seek("t", 0, SeekTo::Offset(100)).await.expect("seek");
+            next[0] = 100;
+        }
+    }
+    assert!(seeked);
+    assert_eq!((c.position("t", 0), c.position("t", 1)), (Some(2000), Some(2000)));
+}
