@@ -305,19 +305,15 @@ impl<'fbb> BatchBuilder<'fbb> {
         BATCH_HEADER_BYTES + self.fbb.unfinished_data().len() + 4 * self.records.len() + 16
     }
 
-    /// Finishes the batch into `out` (appended) and returns its header.
-    ///
-    /// # Panics
-    /// When no record was pushed: an empty batch is a caller bug.
-    pub fn finish_into(mut self, out: &mut Vec<u8>) -> BatchHeader {
+    /// Finishes the record set and returns the header the batch will carry
+    /// (CRC still 0) with the record set's bytes.
+    fn finish_records(&mut self) -> BatchHeader {
         assert!(!self.records.is_empty(), "a batch has at least one record");
         let records = self.fbb.create_vector(&self.records);
         let set = wire::RecordSet::create(&mut self.fbb, &wire::RecordSetArgs { records: Some(records) });
         self.fbb.finish_minimal(set);
-        let body = self.fbb.finished_data();
-        let start = out.len();
-        let total = BATCH_HEADER_BYTES + body.len();
-        let header = BatchHeader {
+        let total = BATCH_HEADER_BYTES + self.fbb.finished_data().len();
+        BatchHeader {
             base_offset: 0,
             batch_length: (total - BATCH_LENGTH_PREFIX_BYTES) as u32,
             leader_epoch: -1,
@@ -331,13 +327,43 @@ impl<'fbb> BatchBuilder<'fbb> {
             producer_epoch: -1,
             base_sequence: -1,
             record_count: self.records.len() as u32,
-        };
+        }
+    }
+
+    /// Finishes the batch into `out` (appended) and returns its header.
+    ///
+    /// # Panics
+    /// When no record was pushed: an empty batch is a caller bug.
+    pub fn finish_into(mut self, out: &mut Vec<u8>) -> BatchHeader {
+        let header = self.finish_records();
+        let start = out.len();
         out.resize(start + BATCH_HEADER_BYTES, 0);
-        write_header(&header, &mut out[start..]);
-        out.extend_from_slice(body);
-        let crc = compute_crc(&out[start..]);
-        out[start + OFF_CRC..start + OFF_CRC + 4].copy_from_slice(&crc.to_le_bytes());
-        BatchHeader { crc, ..header }
+        out.extend_from_slice(self.fbb.finished_data());
+        seal_header(header, &mut out[start..])
+    }
+
+    /// Finishes the batch without copying the records when the builder's
+    /// buffer has room for the header in front of the record set (it is
+    /// built back to front, so it usually has). Returns the buffer and where
+    /// the batch starts in it: the batch is `buf[start..]`.
+    ///
+    /// # Panics
+    /// When no record was pushed: an empty batch is a caller bug.
+    #[must_use]
+    pub fn finish_in_place(mut self) -> (Vec<u8>, usize) {
+        let header = self.finish_records();
+        let (mut buf, head) = self.fbb.collapse();
+        let start = if head >= BATCH_HEADER_BYTES {
+            head - BATCH_HEADER_BYTES
+        } else {
+            let mut out = Vec::with_capacity(BATCH_HEADER_BYTES + buf.len() - head);
+            out.resize(BATCH_HEADER_BYTES, 0);
+            out.extend_from_slice(&buf[head..]);
+            buf = out;
+            0
+        };
+        seal_header(header, &mut buf[start..]);
+        (buf, start)
     }
 
     /// Finishes the batch into a new vector.
@@ -347,6 +373,15 @@ impl<'fbb> BatchBuilder<'fbb> {
         self.finish_into(&mut out);
         out
     }
+}
+
+/// Writes `header` into the first bytes of `batch` (whose records follow),
+/// then its CRC; returns the header with the CRC.
+fn seal_header(header: BatchHeader, batch: &mut [u8]) -> BatchHeader {
+    write_header(&header, batch);
+    let crc = compute_crc(batch);
+    batch[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_le_bytes());
+    BatchHeader { crc, ..header }
 }
 
 fn write_header(h: &BatchHeader, b: &mut [u8]) {
@@ -481,6 +516,24 @@ mod tests {
         assert_eq!(recs[1].key, Some(&b"k"[..]));
         assert_eq!(recs[1].timestamp_ms, 1001);
         assert_eq!(recs[1].headers, vec![("h", &b"x"[..])]);
+    }
+
+    #[test]
+    fn finish_in_place_gives_the_same_bytes_as_finish() {
+        for (capacity, n) in [(16, 1), (64, 3), (1024, 40), (1 << 16, 500)] {
+            let fill = |b: &mut BatchBuilder<'_>| {
+                for i in 0..n {
+                    b.push(Some(b"k"), format!("value {i}").as_bytes(), &[("h", b"x")], 1000 + i64::from(i));
+                }
+            };
+            let mut a = BatchBuilder::with_capacity(capacity);
+            fill(&mut a);
+            let mut b = BatchBuilder::with_capacity(capacity);
+            fill(&mut b);
+            let (buf, start) = b.finish_in_place();
+            assert_eq!(&buf[start..], &a.finish()[..], "capacity {capacity}, {n} records");
+            validate_with_records(&buf[start..], 1 << 20).expect("valid");
+        }
     }
 
     #[test]

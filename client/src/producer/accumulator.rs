@@ -19,7 +19,7 @@ use crate::cluster::Cluster;
 use crate::config::ProducerConfig;
 use crate::error::ClientError;
 use crate::producer::Partitioner;
-use shardlog_schema::batch::{BatchBuilder, HeaderRef};
+use shardlog_schema::batch::{BatchBuilder, HeaderRef, BATCH_HEADER_BYTES};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -239,8 +239,10 @@ impl Core {
             }
             let slot =
                 &mut state.topics.get_mut(topic).expect("topic is loaded").partitions[partition as usize];
+            // Room for the header in front of the records (see `seal`).
             let capacity =
-                slot.last_batch_bytes.clamp(BUILDER_BYTES_MIN, self.batch_bytes + BUILDER_BYTES_MIN);
+                slot.last_batch_bytes.clamp(BUILDER_BYTES_MIN, self.batch_bytes + BUILDER_BYTES_MIN)
+                    + BATCH_HEADER_BYTES;
             slot.open = Some(OpenBatch {
                 builder: BatchBuilder::with_capacity(capacity),
                 completion: Completion::new(topic.clone(), partition),
@@ -316,13 +318,15 @@ impl Core {
         if t.sticky == partition {
             t.sticky = (partition + 1) % count;
         }
-        let data = batch.builder.finish();
+        // No copy of the records: the header goes in front of them.
+        let (buf, start) = batch.builder.finish_in_place();
+        let data = bytes::Bytes::from(buf).slice(start..);
         slot.last_batch_bytes = data.len();
         let sealed = SealedBatch {
             id: batch.id,
             topic: t.name.clone(),
             partition,
-            data: data.into(),
+            data,
             record_count: batch.record_count,
             completion: batch.completion,
             buffer_bytes: batch.buffer_bytes,
