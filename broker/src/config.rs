@@ -254,6 +254,11 @@ pub struct BrokerConfig {
     pub hot_tail_shard_bytes: u64,
     /// Most hot-tail bytes of one partition.
     pub hot_tail_partition_bytes: u64,
+    /// Files each shard's partition logs may keep open (segment write and
+    /// read handles); least recently used ones are closed beyond it. `None`:
+    /// the open-files limit less a reserve for sockets, split over the
+    /// shards (`log::shard_files_max`).
+    pub open_files_shard_max: Option<usize>,
 }
 
 impl BrokerConfig {
@@ -276,6 +281,7 @@ impl BrokerConfig {
             fetch_path: FetchPath::Plain,
             hot_tail_shard_bytes: crate::log::HOT_TAIL_SHARD_BYTES_DEFAULT,
             hot_tail_partition_bytes: crate::log::HOT_TAIL_LOG_BYTES_DEFAULT,
+            open_files_shard_max: None,
         }
     }
 }

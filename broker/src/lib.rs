@@ -459,8 +459,8 @@ async fn retention_loop(ctx: Rc<ShardContext>) {
     }
 }
 
-/// Each partition holds a few files open (active segment, its indexes, read
-/// handles), so raise the open-files limit at start: to the kernel's maximum
+/// Partition logs keep files open (within each shard's file budget, which
+/// is derived from this limit), so raise the open-files limit at start: to the kernel's maximum
 /// (`fs.nr_open`, capped at 2^20) where privileges allow, else to the hard limit.
 fn raise_open_files_limit() {
     const WANTED_MAX: libc::rlim_t = 1 << 20;

@@ -167,9 +167,21 @@ impl ShardContext {
         splicer: Option<Rc<crate::io::splice::Splicer>>,
     ) -> Rc<ShardContext> {
         let shard_count = u16::try_from(config.shards).expect("shard count fits u16");
+        let limit = crate::log::process_files_limit();
+        let files_max =
+            config.open_files_shard_max.unwrap_or_else(|| crate::log::shard_files_max(limit, config.shards));
+        if id.0 == 0 {
+            tracing::info!(
+                open_files_limit = limit,
+                open_files_shard_max = files_max,
+                shards = config.shards,
+                "partition files per shard beyond this budget are closed least recently used first"
+            );
+        }
         let log_options = crate::log::LogOptions {
             hot_tail: crate::log::HotTailBudget::new(config.hot_tail_shard_bytes),
             hot_tail_log_bytes_max: config.hot_tail_partition_bytes,
+            files: crate::log::FileBudget::new(files_max),
             ..Default::default()
         };
         Rc::new(ShardContext {
@@ -492,12 +504,8 @@ impl ShardContext {
             tracing::error!(topic = name, error = %undo.message, "rollback of a failed topic creation failed");
         }
         self.persist(&before)?;
-        let hint = if e.message.contains("Too many open files") {
-            " (each partition keeps about two files open: raise the open-files limit, `ulimit -n`)"
-        } else {
-            ""
-        };
-        Err(PartitionError::new(e.code, format!("{}{hint}; the topic was not created", e.message)))
+        let code = if e.message.contains("too many open files") { ErrorCode::ResourceLimit } else { e.code };
+        Err(PartitionError::new(code, format!("{}; the topic was not created", e.message)))
     }
 
     async fn delete_topics(self: &Rc<Self>, names: Vec<String>) -> Vec<(String, ErrorCode, String)> {

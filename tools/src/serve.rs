@@ -72,6 +72,11 @@ pub struct ServeArgs {
     /// Most hot-tail bytes of one partition.
     #[arg(long)]
     hot_tail_partition_bytes: Option<u64>,
+    /// Files each shard's partition logs keep open at most (least recently
+    /// used ones are closed and reopened on demand); default: the open-files
+    /// limit less a quarter (at least 1024) for sockets, split over the shards.
+    #[arg(long)]
+    open_files_shard_max: Option<usize>,
     /// Default topic setting `name=value` (Kafka names), repeatable.
     #[arg(long = "topic-default", value_name = "KEY=VALUE")]
     topic_defaults: Vec<String>,
@@ -103,6 +108,7 @@ pub fn build_config(args: ServeArgs) -> anyhow::Result<BrokerConfig> {
     if let Some(b) = args.hot_tail_partition_bytes.or(file.hot_tail_partition_bytes) {
         config.hot_tail_partition_bytes = b;
     }
+    config.open_files_shard_max = args.open_files_shard_max.or(file.open_files_shard_max);
     if let Some(path) = args.fetch_path.or(file.fetch_path) {
         config.fetch_path = path.parse().map_err(|e: String| anyhow::anyhow!(e))?;
     }

@@ -63,6 +63,7 @@ pub struct ServeSettings {
     pub fetch_path: Option<String>,
     pub hot_tail_shard_bytes: Option<u64>,
     pub hot_tail_partition_bytes: Option<u64>,
+    pub open_files_shard_max: Option<usize>,
     #[serde(default)]
     pub topic_defaults: BTreeMap<String, String>,
 }

@@ -26,6 +26,20 @@ pub enum LogError {
         #[source]
         source: io::Error,
     },
+    /// The process is out of file descriptors (EMFILE, or ENFILE for the
+    /// whole system): a partition file cannot be opened. Nothing is lost;
+    /// the operation can be retried once files are released.
+    #[error(
+        "too many open files: {op} {}: {source} (raise the open-files limit, `ulimit -n`, \
+         or lower `--open-files-shard-max`)",
+        path.display()
+    )]
+    TooManyOpenFiles {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     /// A read outside `[start, end]`.
     #[error("offset {requested} is out of range: the log holds [{start}, {end})")]
     OffsetOutOfRange { requested: Offset, start: Offset, end: Offset },
@@ -63,6 +77,7 @@ impl LogError {
             LogError::InvalidBatch(_) => ErrorCode::CorruptMessage,
             LogError::BatchTooLarge { .. } => ErrorCode::MessageTooLarge,
             LogError::NotBatchBoundary { .. } => ErrorCode::InvalidRequest,
+            LogError::TooManyOpenFiles { .. } => ErrorCode::ResourceLimit,
             LogError::Io { .. }
             | LogError::NoSpace { .. }
             | LogError::Failed { .. }
@@ -71,10 +86,14 @@ impl LogError {
         }
     }
 
-    /// Builds an I/O error, sorting "disk full" into [`LogError::NoSpace`].
+    /// Builds an I/O error, sorting "disk full" into [`LogError::NoSpace`]
+    /// and "out of file descriptors" into [`LogError::TooManyOpenFiles`].
     pub(crate) fn io(op: &'static str, path: &Path, source: io::Error) -> LogError {
         if is_no_space(&source) {
             LogError::NoSpace { op, path: path.to_path_buf(), source }
+        } else if matches!(source.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+            warn_out_of_files(op, path, &source);
+            LogError::TooManyOpenFiles { op, path: path.to_path_buf(), source }
         } else {
             LogError::Io { op, path: path.to_path_buf(), source }
         }
@@ -99,6 +118,9 @@ impl LogError {
             LogError::NoSpace { op, path, source } => {
                 LogError::NoSpace { op, path: path.clone(), source: dup_io(source) }
             }
+            LogError::TooManyOpenFiles { op, path, source } => {
+                LogError::TooManyOpenFiles { op, path: path.clone(), source: dup_io(source) }
+            }
             LogError::OffsetOutOfRange { requested, start, end } => {
                 LogError::OffsetOutOfRange { requested: *requested, start: *start, end: *end }
             }
@@ -118,6 +140,12 @@ impl LogError {
     pub fn is_no_space(&self) -> bool {
         matches!(self, LogError::NoSpace { .. })
     }
+
+    /// Whether this is the process running out of file descriptors.
+    #[must_use]
+    pub fn is_out_of_files(&self) -> bool {
+        matches!(self, LogError::TooManyOpenFiles { .. })
+    }
 }
 
 fn clone_batch_error(e: &BatchError) -> BatchError {
@@ -136,6 +164,34 @@ fn clone_batch_error(e: &BatchError) -> BatchError {
         BatchError::UnsupportedCodec(c) => BatchError::UnsupportedCodec(*c),
         BatchError::Records(r) => BatchError::Records(r.clone()),
         BatchError::Empty => BatchError::Empty,
+    }
+}
+
+/// How often a shard says it is out of file descriptors, at most.
+const OUT_OF_FILES_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+thread_local! {
+    static OUT_OF_FILES_LOGGED: std::cell::Cell<Option<std::time::Instant>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// One clear log line per shard (at most every
+/// [`OUT_OF_FILES_LOG_INTERVAL`]) when opens fail for lack of descriptors.
+fn warn_out_of_files(op: &str, path: &Path, source: &io::Error) {
+    let now = std::time::Instant::now();
+    let due = OUT_OF_FILES_LOGGED.with(|last| {
+        let due = last.get().is_none_or(|t| now.duration_since(t) >= OUT_OF_FILES_LOG_INTERVAL);
+        if due {
+            last.set(Some(now));
+        }
+        due
+    });
+    if due {
+        tracing::error!(
+            op, path = %path.display(), error = %source, limit = super::files::process_files_limit(),
+            "out of file descriptors: partition files cannot be opened and their requests fail with \
+             ResourceLimit; raise the open-files limit (ulimit -n) or lower --open-files-shard-max"
+        );
     }
 }
 

@@ -47,6 +47,12 @@
 //! return file ranges of a buffered fd (for splice) plus, for the last
 //! partial block, a copy from memory.
 //!
+//! Open files (`files`): the active segment's write fd, its read fd (opened
+//! by the first read the hot tail cannot answer) and sealed segments' read
+//! fds are counted in the shard's [`FileBudget`] and closed least recently
+//! used first beyond it; the write fd only while the log is idle. They
+//! reopen on the next append, sync, seal or read.
+//!
 //! Hot tail (`hot`): every completed write also copies its new whole
 //! batches into a per-log window of `Bytes` over the end of the active
 //! segment, bounded per log and by a per-shard [`HotTailBudget`] with LRU
@@ -56,24 +62,30 @@
 
 pub mod dump;
 mod error;
+mod files;
 mod hot;
 pub mod index;
 mod notify;
 mod segment;
 
 pub use error::LogError;
+pub use files::{
+    process_files_limit, shard_files_max, FileBudget, OPEN_FILES_RESERVE_FRACTION, OPEN_FILES_RESERVE_MIN,
+    OPEN_FILES_SHARD_MIN,
+};
 pub use hot::{HotTailBudget, HOT_TAIL_LOG_BYTES_DEFAULT, HOT_TAIL_SHARD_BYTES_DEFAULT};
 pub use segment::SegmentFile;
 
 use crate::config::{FlushPolicy, TopicConfig};
 use bytes::Bytes;
+use files::{Evict, FileToken, ReaderSlot};
 use glommio::io::{DmaBuffer, DmaFile, OpenOptions};
 use index::{IndexBuilder, IndexEntry, SegmentSummary};
 use notify::{Notify, Slot};
 use segment::{ClosedSegment, Scan, ScanStop, INDEX_EXT, LOG_EXT, TIME_INDEX_EXT};
 use shardlog_schema::batch::{self, BatchHeader};
 use shardlog_schema::Offset;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::rc::{Rc, Weak};
@@ -204,6 +216,8 @@ pub struct LogOptions {
     /// Most read handles of sealed segments kept open (`.log` and `.index`
     /// each count); the oldest is closed beyond it.
     pub open_readers_max: usize,
+    /// The shard's open-file budget, shared by all logs of the shard.
+    pub files: Rc<FileBudget>,
 }
 
 impl Default for LogOptions {
@@ -214,6 +228,7 @@ impl Default for LogOptions {
             hot_tail: HotTailBudget::thread_default(),
             hot_tail_log_bytes_max: HOT_TAIL_LOG_BYTES_DEFAULT,
             open_readers_max: OPEN_READERS_DEFAULT,
+            files: FileBudget::thread_default(),
         }
     }
 }
@@ -234,6 +249,10 @@ struct Shared {
     /// shard budget evicts from it while another log's state is borrowed).
     hot: Rc<RefCell<hot::HotWindow>>,
     open_readers_max: usize,
+    /// The shard's open-file budget; this log's write fd has an LRU place
+    /// at `write_tick` while it is open.
+    files: Rc<FileBudget>,
+    write_tick: Cell<Option<u64>>,
 }
 
 type AppendSlot = Slot<Result<(), LogError>>;
@@ -289,11 +308,28 @@ struct BatchMeta {
     max_ts: i64,
 }
 
+/// The active segment's O_DIRECT write handle, counted in the file budget.
+struct WriteFile {
+    file: DmaFile,
+    _token: FileToken,
+}
+
+impl std::ops::Deref for WriteFile {
+    type Target = DmaFile;
+
+    fn deref(&self) -> &DmaFile {
+        &self.file
+    }
+}
+
 struct Active {
     base: u64,
     path: PathBuf,
-    file: Rc<DmaFile>,
-    reader: Rc<SegmentFile>,
+    /// `None` while closed by the file budget (an idle log); reopened by the
+    /// next write, sync or seal ([`write_file`]).
+    file: Option<Rc<WriteFile>>,
+    /// Opened by the first read that misses the hot tail.
+    reader: Rc<ReaderSlot<SegmentFile>>,
     created_ms: i64,
     end_pos: u64,
     next_offset: u64,
@@ -324,7 +360,8 @@ struct Active {
 
 struct WriteJob {
     base: u64,
-    file: Rc<DmaFile>,
+    /// The write handle when it was open at issue; else opened by the write.
+    file: Option<Rc<WriteFile>>,
     path: PathBuf,
     buf: Rc<DmaBuffer>,
     pos: u64,
@@ -541,11 +578,12 @@ impl Log {
         wait_not_rolling(sh).await;
         sh.st.borrow_mut().shut = true;
         flush_inner(sh).await?;
-        let (base, end_pos, next, file) = {
+        let (base, end_pos, next) = {
             let st = sh.st.borrow();
             let a = &st.active;
-            (a.base, a.end_pos, a.next_offset, a.file.clone())
+            (a.base, a.end_pos, a.next_offset)
         };
+        let file = write_file(sh, base).await?;
         seal_active(sh, &file).await?;
         let marker = CleanMarker { next_offset: next, active_base: base, active_bytes: end_pos };
         let json = serde_json::to_vec(&marker).expect("marker serializes");
@@ -616,10 +654,23 @@ impl State {
         while self.open_readers.len() > max {
             let (old, old_index) = self.open_readers.pop_front().expect("non-empty");
             if let Ok(j) = self.closed.binary_search_by_key(&old, |s| s.base) {
-                let s = &mut self.closed[j];
-                *(if old_index { &mut s.index_reader } else { &mut s.reader }) = None;
+                let s = &self.closed[j];
+                if old_index { &s.index_reader } else { &s.reader }.clear();
             }
         }
+    }
+
+    /// Whether the active segment's write handle may be closed: nothing
+    /// issued or queued, and everything the flush policy promises synced.
+    fn write_file_idle(&self, config: &TopicConfig) -> bool {
+        let a = &self.active;
+        !self.rolling
+            && self.writes_in_flight == 0
+            && !self.sync_busy
+            && self.unwritten.is_empty()
+            && self.unsynced.is_empty()
+            && a.end_pos == a.written_pos
+            && (a.durable_pos == a.written_pos || config.flush == FlushPolicy::Never)
     }
 
     fn start_offset(&self) -> u64 {
@@ -822,11 +873,16 @@ impl State {
     fn fail_write(&mut self, sh: &Shared, job: WriteJob, err: LogError) {
         let a = &mut self.active;
         assert_eq!(a.base, job.base, "a write fails on the segment it was issued for");
-        tracing::warn!(
-            path = %job.path.display(), position = job.pos, lost_from_offset = a.written_next,
-            lost_to_offset = a.next_offset, error = %err,
-            "segment write failed; unwritten appends are rolled back and fail"
-        );
+        if err.is_out_of_files() {
+            // Said once per shard already (`LogError::io`); not once per append.
+            tracing::debug!(path = %job.path.display(), error = %err, "segment write failed");
+        } else {
+            tracing::warn!(
+                path = %job.path.display(), position = job.pos, lost_from_offset = a.written_next,
+                lost_to_offset = a.next_offset, error = %err,
+                "segment write failed; unwritten appends are rolled back and fail"
+            );
+        }
         a.end_pos = a.written_pos;
         a.next_offset = a.written_next;
         a.unwritten_batches.clear();
@@ -844,7 +900,9 @@ impl State {
         for w in self.unwritten.drain(..) {
             w.slot.resolve(Err(err.duplicate()));
         }
-        if !err.is_no_space() {
+        // Out of space or of file descriptors: nothing is lost, the log
+        // takes appends again once the resource returns.
+        if !err.is_no_space() && !err.is_out_of_files() {
             self.poison(&sh.dir, format!("write failed: {err}"));
         }
     }
@@ -938,9 +996,13 @@ async fn write_task(sh: Rc<Shared>, job: WriteJob) {
     kick_sync(&sh);
 }
 
-async fn run_write(sh: &Shared, job: &WriteJob) -> Result<(), LogError> {
+async fn run_write(sh: &Rc<Shared>, job: &WriteJob) -> Result<(), LogError> {
+    let file = match &job.file {
+        Some(f) => f.clone(),
+        None => write_file(sh, job.base).await?,
+    };
     if let Some(target) = job.prealloc_to {
-        match job.file.pre_allocate(target, false).await {
+        match file.pre_allocate(target, false).await {
             Ok(()) => {
                 let mut st = sh.st.borrow_mut();
                 if st.active.base == job.base {
@@ -958,8 +1020,7 @@ async fn run_write(sh: &Shared, job: &WriteJob) -> Result<(), LogError> {
         }
     }
     let len = job.buf.len();
-    let n = job
-        .file
+    let n = file
         .write_rc_at(job.buf.clone(), job.pos)
         .await
         .map_err(|e| LogError::glommio("writing segment", &job.path, e))?;
@@ -976,7 +1037,7 @@ async fn run_write(sh: &Shared, job: &WriteJob) -> Result<(), LogError> {
 /// Issues fdatasyncs while one is wanted. A failure poisons the log.
 async fn sync_task(sh: Rc<Shared>) {
     loop {
-        let (base, file, path, pos, next) = {
+        let (base, path, pos, next) = {
             let mut st = sh.st.borrow_mut();
             if !st.sync_wanted(&sh.config) {
                 st.sync_busy = false;
@@ -987,9 +1048,12 @@ async fn sync_task(sh: Rc<Shared>) {
             st.bytes_since_sync = 0;
             st.last_sync_ms = now_ms();
             let a = &st.active;
-            (a.base, a.file.clone(), a.path.clone(), a.written_pos, a.written_next)
+            (a.base, a.path.clone(), a.written_pos, a.written_next)
         };
-        let result = file.fdatasync().await;
+        let result = match write_file(&sh, base).await {
+            Ok(file) => file.fdatasync().await.map_err(|e| LogError::glommio("fdatasync", &path, e)),
+            Err(e) => Err(e),
+        };
         {
             let mut st = sh.st.borrow_mut();
             st.stats.fdatasyncs += 1;
@@ -1004,8 +1068,18 @@ async fn sync_task(sh: Rc<Shared>) {
                     }
                 }
                 Ok(()) => {}
+                Err(e) if e.is_out_of_files() => {
+                    // The write fd could not be reopened: nothing was synced
+                    // and nothing is lost; fail the waiters, a later flush retries.
+                    for w in st.unsynced.drain(..) {
+                        w.slot.resolve(Err(e.duplicate()));
+                    }
+                    st.sync_busy = false;
+                    drop(st);
+                    sh.changed.notify_all();
+                    return;
+                }
                 Err(e) => {
-                    let e = LogError::glommio("fdatasync", &path, e);
                     st.poison(&sh.dir, format!("fdatasync failed: {e}"));
                 }
             }
@@ -1080,7 +1154,8 @@ async fn roll_task(sh: Rc<Shared>) {
 /// Seals the active segment and starts a new one at the next offset.
 async fn roll(sh: &Rc<Shared>) -> Result<(), LogError> {
     flush_inner(sh).await?;
-    let file = sh.st.borrow().active.file.clone();
+    let base = sh.st.borrow().active.base;
+    let file = write_file(sh, base).await?;
     let summary = seal_active(sh, &file).await?;
     let next = summary.next_offset;
     let new = new_active(sh, next).await?;
@@ -1092,19 +1167,93 @@ async fn roll(sh: &Rc<Shared>) -> Result<(), LogError> {
             "nothing appended while rolling"
         );
         st.closed_bytes += summary.log_bytes;
-        st.closed.push_back(ClosedSegment::new(old.base, summary, Some(old.reader.clone())));
-        st.note_open_reader(old.base, false, sh.open_readers_max);
+        let reader_open = old.reader.is_open();
+        st.closed.push_back(ClosedSegment::new(old.base, summary, old.reader.clone(), &sh.files));
+        if reader_open {
+            st.note_open_reader(old.base, false, sh.open_readers_max);
+        }
         old
     };
+    touch_write_file(sh);
     sh.hot.borrow_mut().reset(next, 0);
     tracing::debug!(dir = %sh.dir.display(), sealed = old.base, next, "rolled segment");
     drop(file);
-    close_dma(old.file, &old.path).await
+    match old.file {
+        Some(f) => close_dma(f, &old.path).await,
+        None => Ok(()),
+    }
 }
 
-async fn close_dma(file: Rc<DmaFile>, path: &Path) -> Result<(), LogError> {
-    file.close_rc().await.map_err(|e| LogError::glommio("closing segment", path, e))?;
+/// Closes a write handle if this is its last user (else the last one's drop does).
+async fn close_dma(file: Rc<WriteFile>, path: &Path) -> Result<(), LogError> {
+    if let Ok(f) = Rc::try_unwrap(file) {
+        f.file.close().await.map_err(|e| LogError::glommio("closing segment", path, e))?;
+    }
     Ok(())
+}
+
+/// The active segment's write handle: the open one, or reopened (counted in
+/// the shard's file budget) after the budget closed it.
+async fn write_file(sh: &Rc<Shared>, base: u64) -> Result<Rc<WriteFile>, LogError> {
+    // A sealed segment is never written again (a write left over from a
+    // rolled-back write may still ask; its result is ignored).
+    let sealed = || LogError::Closed { dir: sh.dir.clone() };
+    let cached = {
+        let st = sh.st.borrow();
+        if st.active.base != base {
+            return Err(sealed());
+        }
+        st.active.file.clone()
+    };
+    let file = match cached {
+        Some(f) => f,
+        None => {
+            sh.files.admit();
+            let path = segment::segment_path(&sh.dir, base, LOG_EXT);
+            let f = counted_write_file(open_dma(&path, false).await?, &sh.files);
+            let mut st = sh.st.borrow_mut();
+            if st.active.base != base {
+                return Err(sealed());
+            }
+            st.active.file.get_or_insert(f).clone()
+        }
+    };
+    touch_write_file(sh);
+    Ok(file)
+}
+
+/// Marks the active segment's write handle as just used in the file budget.
+fn touch_write_file(sh: &Rc<Shared>) {
+    sh.files.touch(&sh.write_tick, Rc::downgrade(sh) as std::rc::Weak<dyn Evict>);
+}
+
+fn counted_write_file(file: DmaFile, files: &Rc<FileBudget>) -> Rc<WriteFile> {
+    Rc::new(WriteFile { file, _token: files.token() })
+}
+
+/// The file budget closes an idle log's write handle; the next write,
+/// sync or seal reopens it.
+impl Evict for Shared {
+    fn evict(&self) -> bool {
+        let Ok(mut st) = self.st.try_borrow_mut() else { return false };
+        if !st.write_file_idle(&self.config) {
+            return false;
+        }
+        let Some(file) = st.active.file.take() else { return true };
+        let path = st.active.path.clone();
+        drop(st);
+        glommio::spawn_local(async move {
+            if let Err(e) = close_dma(file, &path).await {
+                tracing::warn!(path = %path.display(), error = %e, "closing an idle segment failed");
+            }
+        })
+        .detach();
+        true
+    }
+
+    fn tick(&self) -> &Cell<Option<u64>> {
+        &self.write_tick
+    }
 }
 
 /// Writes the active segment's `.index`/`.timeindex`, truncates its `.log` to
@@ -1139,10 +1288,10 @@ async fn new_active(sh: &Shared, base: u64) -> Result<Active, LogError> {
         remove_if_exists(&segment::segment_path(&sh.dir, base, ext)).await?;
     }
     let path = segment::segment_path(&sh.dir, base, LOG_EXT);
-    let file = open_dma(&path, true).await?;
-    let reader = Rc::new(SegmentFile::open(&path).await?);
+    sh.files.admit();
+    let file = counted_write_file(open_dma(&path, true).await?, &sh.files);
     let scan = Scan::empty(base, sh.config.index_interval_bytes);
-    let active = Active::new(sh.block, base, path, file, reader, scan, Vec::new());
+    let active = Active::new(base, path, file, ReaderSlot::new(&sh.files), scan, Vec::new());
     sync_dir(&sh.dir).await?;
     Ok(active)
 }
@@ -1168,24 +1317,24 @@ impl Active {
     /// Builds the active state for a segment whose first `scan.valid_bytes`
     /// bytes hold valid batches; `tail` is the partial last block.
     fn new(
-        block: u64,
         base: u64,
         path: PathBuf,
-        file: DmaFile,
-        reader: Rc<SegmentFile>,
+        file: Rc<WriteFile>,
+        reader: Rc<ReaderSlot<SegmentFile>>,
         scan: Scan,
         tail: Vec<u8>,
     ) -> Active {
         let end = scan.valid_bytes;
+        let block = BLOCK_BYTES_MIN.max(file.alignment());
         let tail_start = align_down(end, block);
         assert_eq!(tail.len() as u64, end - tail_start, "tail is the partial last block");
-        let mut first = file.alloc_dma_buffer(CHUNK_BYTES);
+        let mut first = glommio::allocate_dma_buffer(CHUNK_BYTES);
         first.as_bytes_mut()[..tail.len()].copy_from_slice(&tail);
         let fill = VecDeque::from([first]);
         Active {
             base,
             path,
-            file: Rc::new(file),
+            file: Some(file),
             reader,
             created_ms: now_ms(),
             end_pos: end,
@@ -1238,7 +1387,7 @@ impl Active {
 
     /// A chunk for the fill buffer, reused when possible.
     fn chunk(&mut self) -> DmaBuffer {
-        self.spare.pop().unwrap_or_else(|| self.file.alloc_dma_buffer(CHUNK_BYTES))
+        self.spare.pop().unwrap_or_else(|| glommio::allocate_dma_buffer(CHUNK_BYTES))
     }
 
     /// Copies `bytes` into the fill buffer at fill offset `at`, adding chunks.

@@ -23,20 +23,13 @@ fn plan_for(st: &State, config: &TopicConfig, offset: u64) -> Plan {
         let a = &st.active;
         let tail = (hw_pos > a.tail_start)
             .then(|| (a.tail_start, Bytes::copy_from_slice(&a.tail[..(hw_pos - a.tail_start) as usize])));
-        Plan {
-            base: a.base,
-            reader: Some(a.reader.clone()),
-            data_end: hw_pos,
-            end_next: hw,
-            active: true,
-            tail,
-        }
+        Plan { base: a.base, reader: a.reader.get(), data_end: hw_pos, end_next: hw, active: true, tail }
     } else {
         let i = st.closed.partition_point(|s| s.base <= offset).checked_sub(1).expect("offset >= start");
         let s = &st.closed[i];
         Plan {
             base: s.base,
-            reader: s.reader.clone(),
+            reader: s.reader.get(),
             data_end: s.size(),
             end_next: s.summary.next_offset,
             active: false,
@@ -45,31 +38,36 @@ fn plan_for(st: &State, config: &TopicConfig, offset: u64) -> Plan {
     }
 }
 
-/// The `.log` (or `.index`) read handle of a sealed segment, opened once.
+/// Where the `.log` (or `.index`) read handle of segment `base` is cached.
+fn reader_slot(st: &State, base: u64, index: bool) -> Option<Rc<ReaderSlot<SegmentFile>>> {
+    if let Ok(i) = st.closed.binary_search_by_key(&base, |s| s.base) {
+        let s = &st.closed[i];
+        return Some(if index { &s.index_reader } else { &s.reader }.clone());
+    }
+    (!index && st.active.base == base).then(|| st.active.reader.clone())
+}
+
+/// The `.log` (or `.index`) read handle of a segment: the cached one, or
+/// opened (counted in the shard's file budget) and cached.
 pub(super) async fn segment_reader(sh: &Shared, base: u64, index: bool) -> Result<Rc<SegmentFile>, LogError> {
-    {
-        let st = sh.st.borrow();
-        if let Ok(i) = st.closed.binary_search_by_key(&base, |s| s.base) {
-            let s = &st.closed[i];
-            if let Some(f) = if index { &s.index_reader } else { &s.reader } {
-                return Ok(f.clone());
-            }
-        }
-        if !index && st.active.base == base {
-            return Ok(st.active.reader.clone());
-        }
+    let slot = reader_slot(&sh.st.borrow(), base, index);
+    if let Some(f) = slot.as_ref().and_then(ReaderSlot::get) {
+        return Ok(f);
     }
     let path = segment::segment_path(&sh.dir, base, if index { INDEX_EXT } else { LOG_EXT });
-    let f = Rc::new(SegmentFile::open(&path).await?);
+    let f = Rc::new(SegmentFile::open_counted(&path, &sh.files).await?);
+    // Deleted by retention or rolled meanwhile: use it once, uncached.
+    let Some(slot) = slot else { return Ok(f) };
     let mut st = sh.st.borrow_mut();
-    let Ok(i) = st.closed.binary_search_by_key(&base, |s| s.base) else { return Ok(f) };
-    let s = &mut st.closed[i];
-    let cell = if index { &mut s.index_reader } else { &mut s.reader };
-    if let Some(existing) = cell {
-        return Ok(existing.clone());
+    let still_cached = reader_slot(&st, base, index).is_some_and(|s| Rc::ptr_eq(&s, &slot));
+    if !still_cached {
+        return Ok(f);
     }
-    *cell = Some(f.clone());
-    st.note_open_reader(base, index, sh.open_readers_max);
+    let was_open = slot.is_open();
+    let f = slot.put(f);
+    if !was_open && st.closed.binary_search_by_key(&base, |s| s.base).is_ok() {
+        st.note_open_reader(base, index, sh.open_readers_max);
+    }
     Ok(f)
 }
 

@@ -159,11 +159,12 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
                 s
             }
         };
-        closed.push_back(ClosedSegment::new(base, summary, None));
+        closed.push_back(ClosedSegment::new(base, summary, ReaderSlot::new(&options.files), &options.files));
         closed_bytes += size;
         i += 1;
     }
     let (base, size) = segments.last().copied().unwrap_or((0, 0));
+    options.files.admit();
     let (file, reader, scan, tail) = open_last(&dir, base, size, &config, marker.as_ref()).await?;
     let block = BLOCK_BYTES_MIN.max(file.alignment());
     assert!(block.is_power_of_two(), "block size is a power of two");
@@ -174,7 +175,11 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
     } else {
         reader.read_bytes(tail_start, (scan.valid_bytes - tail_start) as usize).await?
     };
-    let active = Active::new(block, base, path, file, reader, scan, tail);
+    // The recovery read handle is not kept: reads at the log end come from
+    // memory, and the first one that does not reopens it lazily.
+    drop(reader);
+    let file = counted_write_file(file, &options.files);
+    let active = Active::new(base, path, file, ReaderSlot::new(&options.files), scan, tail);
     let hot =
         hot::HotWindow::new(options.hot_tail.clone(), options.hot_tail_log_bytes_max, base, active.end_pos);
     let interval = match config.flush {
@@ -212,7 +217,10 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
         changed: Notify::default(),
         hot,
         open_readers_max: options.open_readers_max.max(2),
+        files: options.files,
+        write_tick: Cell::new(None),
     });
+    touch_write_file(&sh);
     if marker.is_some() {
         remove_if_exists(&sh.dir.join(CLEAN_SHUTDOWN_FILE)).await?;
     }
@@ -318,17 +326,14 @@ async fn truncate_inner(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
         let st = sh.st.borrow();
         st.closed[st.closed.partition_point(|s| s.base <= offset) - 1].base
     };
-    let (reader, size) = {
+    let size = {
         let st = sh.st.borrow();
         match st.closed.binary_search_by_key(&seg_base, |s| s.base) {
-            Ok(i) => (st.closed[i].reader.clone(), st.closed[i].size()),
-            Err(_) => (Some(st.active.reader.clone()), st.active.written_pos),
+            Ok(i) => st.closed[i].size(),
+            Err(_) => st.active.written_pos,
         }
     };
-    let reader = match reader {
-        Some(r) => r,
-        None => read::segment_reader(sh, seg_base, false).await?,
-    };
+    let reader = read::segment_reader(sh, seg_base, false).await?;
     let scan = recover_scan(&reader, seg_base, size, interval, Some(offset)).await?;
     if scan.next_offset != offset {
         return Err(LogError::NotBatchBoundary { dir: sh.dir.clone(), offset: Offset(offset) });
@@ -342,7 +347,8 @@ async fn truncate_inner(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
         remove_segment_files(&sh.dir, b).await?;
     }
     let path = segment::segment_path(&sh.dir, seg_base, LOG_EXT);
-    let file = open_dma(&path, false).await?;
+    sh.files.admit();
+    let file = counted_write_file(open_dma(&path, false).await?, &sh.files);
     file.truncate(scan.valid_bytes).await.map_err(|e| LogError::glommio("truncating segment", &path, e))?;
     file.fdatasync().await.map_err(|e| LogError::glommio("fdatasync", &path, e))?;
     for ext in [INDEX_EXT, TIME_INDEX_EXT] {
@@ -351,7 +357,9 @@ async fn truncate_inner(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
     let scan_end = scan.valid_bytes;
     let tail_start = align_down(scan.valid_bytes, sh.block);
     let tail = reader.read_bytes(tail_start, (scan.valid_bytes - tail_start) as usize).await?;
-    let new = Active::new(sh.block, seg_base, path, file, reader, scan, tail);
+    let slot = ReaderSlot::new(&sh.files);
+    slot.put(reader);
+    let new = Active::new(seg_base, path, file, slot, scan, tail);
     let old = {
         let mut st = sh.st.borrow_mut();
         while st.closed.back().is_some_and(|s| s.base >= seg_base) {
@@ -360,8 +368,11 @@ async fn truncate_inner(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
         }
         std::mem::replace(&mut st.active, new)
     };
+    touch_write_file(sh);
     sh.hot.borrow_mut().reset(seg_base, scan_end);
-    close_dma(old.file, &old.path).await?;
+    if let Some(f) = old.file {
+        close_dma(f, &old.path).await?;
+    }
     tracing::info!(dir = %sh.dir.display(), offset, "log truncated");
     sync_dir(&sh.dir).await
 }

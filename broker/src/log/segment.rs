@@ -2,6 +2,7 @@
 //! and the batch scans used by reads and recovery.
 
 use super::error::LogError;
+use super::files::{FileBudget, FileToken, ReaderSlot};
 use super::index::{self, IndexBuilder, IndexEntry, SegmentSummary, TimeEntry, INDEX_ENTRY_BYTES};
 use glommio::io::{BufferedFile, OpenOptions};
 use shardlog_schema::batch::{self, BatchError, BatchHeader, BATCH_HEADER_BYTES};
@@ -33,16 +34,27 @@ pub fn parse_log_name(name: &str) -> Option<u64> {
 pub struct SegmentFile {
     file: BufferedFile,
     path: PathBuf,
+    /// Counts the fd in the shard's file budget (long-lived handles only).
+    _token: Option<FileToken>,
 }
 
 impl SegmentFile {
+    /// Opens a short-lived handle (recovery, index loads), not counted.
     pub(crate) async fn open(path: &Path) -> Result<SegmentFile, LogError> {
         let file = OpenOptions::new()
             .read(true)
             .buffered_open(path)
             .await
             .map_err(|e| LogError::glommio("opening segment for reading", path, e))?;
-        Ok(SegmentFile { file, path: path.to_path_buf() })
+        Ok(SegmentFile { file, path: path.to_path_buf(), _token: None })
+    }
+
+    /// Opens a handle a log caches: makes room in the budget, then counts it.
+    pub(crate) async fn open_counted(path: &Path, files: &Rc<FileBudget>) -> Result<SegmentFile, LogError> {
+        files.admit();
+        let mut f = SegmentFile::open(path).await?;
+        f._token = Some(files.token());
+        Ok(f)
     }
 
     /// The fd (buffered, not O_DIRECT) for splice(2) or pread(2).
@@ -76,18 +88,23 @@ impl SegmentFile {
 }
 
 /// A sealed segment: a few words of metadata. Its index stays on disk and is
-/// searched a page at a time; its read handles open on first use.
-#[derive(Debug)]
+/// searched a page at a time; its read handles open on first use and the
+/// shard's file budget may close them.
 pub(crate) struct ClosedSegment {
     pub base: u64,
     pub summary: SegmentSummary,
-    pub reader: Option<Rc<SegmentFile>>,
-    pub index_reader: Option<Rc<SegmentFile>>,
+    pub reader: Rc<ReaderSlot<SegmentFile>>,
+    pub index_reader: Rc<ReaderSlot<SegmentFile>>,
 }
 
 impl ClosedSegment {
-    pub(crate) fn new(base: u64, summary: SegmentSummary, reader: Option<Rc<SegmentFile>>) -> Self {
-        ClosedSegment { base, summary, reader, index_reader: None }
+    pub(crate) fn new(
+        base: u64,
+        summary: SegmentSummary,
+        reader: Rc<ReaderSlot<SegmentFile>>,
+        files: &Rc<FileBudget>,
+    ) -> Self {
+        ClosedSegment { base, summary, reader, index_reader: ReaderSlot::new(files) }
     }
 
     pub(crate) fn size(&self) -> u64 {

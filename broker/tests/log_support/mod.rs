@@ -15,6 +15,14 @@ pub fn run<T>(fut: impl Future<Output = T>) -> T {
     ex.run(fut)
 }
 
+/// Runs `test` on a fresh executor with a temp directory (removed after),
+/// logging to stderr when RUST_LOG is set.
+pub fn run_in_tempdir<Fut: Future<Output = ()>>(test: impl FnOnce(std::path::PathBuf) -> Fut) {
+    trace();
+    let dir = tempfile::tempdir().expect("tempdir");
+    run(test(dir.path().to_path_buf()));
+}
+
 /// Logs to stderr when RUST_LOG is set.
 pub fn trace() {
     let _ignored = tracing_subscriber::fmt()
