@@ -391,7 +391,7 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
     );
     ctx.spawn_mesh_receivers(receivers);
     for meta in spec.topics.into_values() {
-        ctx.apply_topic(meta).await?;
+        ctx.apply_topic(meta, false).await?;
     }
     let accept_public = glommio::spawn_local(net::accept_loop(ctx.clone(), public, "public"));
     let accept_own = glommio::spawn_local(net::accept_loop(ctx.clone(), own, "shard"));

@@ -256,7 +256,10 @@ impl ShardContext {
     }
 
     /// Opens the partitions of `meta` this shard owns and records the topic.
-    pub async fn apply_topic(&self, meta: TopicMeta) -> Result<(), String> {
+    /// `created`: the topic is being created now, so a failure removes what
+    /// this shard made of it (partition logs and directories); at start-up
+    /// (`false`) a failure leaves every file as it is.
+    pub async fn apply_topic(&self, meta: TopicMeta, created: bool) -> Result<(), String> {
         let name: Rc<str> = Rc::from(meta.name.as_str());
         let mut slots: Vec<Option<Rc<Partition>>> = vec![None; meta.partitions as usize];
         for p in 0..meta.partitions {
@@ -267,11 +270,8 @@ impl ShardContext {
             match Partition::open(dir, name.clone(), p, meta.config.clone(), self.log_options.clone()).await {
                 Ok(part) => slots[p as usize] = Some(Rc::new(part)),
                 Err(e) => {
-                    // Leave nothing half-made: drop what this shard opened.
-                    for part in slots.into_iter().flatten() {
-                        if let Err(e) = part.log.delete().await {
-                            tracing::warn!(topic = %meta.name, partition = part.id, error = %e, "cannot clean up");
-                        }
+                    if created {
+                        self.undo_partitions(&meta.name, p, slots).await;
                     }
                     return Err(format!("cannot open partition {}-{p}: {e}", meta.name));
                 }
@@ -280,6 +280,26 @@ impl ShardContext {
         self.partitions.borrow_mut().insert(name, slots);
         self.topics.borrow_mut().insert(meta.name.clone(), meta);
         Ok(())
+    }
+
+    /// Leaves nothing of a topic creation that failed at partition `failed`:
+    /// deletes the logs this shard opened and the failed one's directory
+    /// (its open may have made the directory and metadata file).
+    async fn undo_partitions(&self, topic: &str, failed: u32, opened: Vec<Option<Rc<Partition>>>) {
+        for part in opened.into_iter().flatten() {
+            if let Err(e) = part.log.delete().await {
+                tracing::warn!(topic, partition = part.id, error = %e, "cannot clean up");
+            }
+        }
+        let dir = partition_dir(&self.config.data_dir, topic, failed);
+        // One-off blocking removal on a failure path (glommio has no rmdir).
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(topic, partition = failed, dir = %dir.display(), error = %e, "cannot clean up")
+            }
+        }
     }
 
     async fn remove_topic(&self, name: &str) -> Result<(), String> {
@@ -374,7 +394,7 @@ impl ShardContext {
             }
             ShardOp::CreateTopics(specs) => ShardReply::TopicResults(self.create_topics(specs).await),
             ShardOp::DeleteTopics(names) => ShardReply::TopicResults(self.delete_topics(names).await),
-            ShardOp::ApplyTopic(meta) => ShardReply::Done(self.apply_topic(meta).await),
+            ShardOp::ApplyTopic(meta) => ShardReply::Done(self.apply_topic(meta, true).await),
             ShardOp::RemoveTopic(name) => ShardReply::Done(self.remove_topic(&name).await),
             ShardOp::Metrics => ShardReply::Metrics(self.metrics.snapshot(self)),
         }

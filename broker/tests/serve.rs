@@ -644,3 +644,36 @@ fn shutdown_closes_open_connections() {
         Err(e) => assert_ne!(e.kind(), std::io::ErrorKind::WouldBlock, "connection left open: {e}"),
     }
 }
+
+/// Partition directories of `topic` under the data directory.
+fn partition_dirs(dir: &std::path::Path, topic: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("list data dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.strip_prefix(topic).is_some_and(|rest| rest.starts_with('-')))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn failed_topic_creation_leaves_no_partition_directories() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let handle = broker(dir.path(), 2);
+    let mut c = Conn::open(handle.ready.listen.port());
+    // Partition 5 cannot open: its metadata file is a directory. Every other
+    // partition, on both shards, opens first or is never opened.
+    std::fs::create_dir_all(dir.path().join("doomed-5/partition.metadata")).expect("blocker");
+    let err = c.create_topic("doomed", 8);
+    assert_eq!(err, ErrorCode::StorageError);
+    assert_eq!(
+        partition_dirs(dir.path(), "doomed"),
+        Vec::<String>::new(),
+        "rollback removes every directory"
+    );
+    // The name is free again and the broker serves it.
+    assert_eq!(c.create_topic("doomed", 8), ErrorCode::None);
+    assert_eq!(partition_dirs(dir.path(), "doomed").len(), 8);
+    assert_eq!(c.produce("doomed", 5, &batch_of(&["x"])), (ErrorCode::None, 0));
+    handle.shutdown().expect("clean shutdown");
+}
