@@ -405,7 +405,8 @@ impl FetchLoop {
         let slots = Arc::new(Semaphore::new(FETCHES_AHEAD_MAX));
         loop {
             let Ok(slot) = slots.clone().acquire_owned().await else { return };
-            if self.stop.load(Ordering::Relaxed) {
+            // Stopped, or the consumer is gone (its answers were dropped).
+            if self.stop.load(Ordering::Relaxed) || self.tx.is_closed() {
                 return;
             }
             let result = fetch(&self.cluster, &self.addr, self.params, &self.targets).await;
