@@ -76,6 +76,9 @@ impl ShardMetrics {
             rejected_frames: self.rejected_frames.get(),
             connections: ctx.connections.get() as u64,
             partitions: ctx.owned_partitions().len() as u64,
+            log_open_files: ctx.log_files().open_files() as u64,
+            log_open_files_max: ctx.log_files().files_max() as u64,
+            log_file_evictions: ctx.log_files().evictions(),
         }
     }
 }
@@ -93,6 +96,9 @@ pub struct MetricsSnapshot {
     pub rejected_frames: u64,
     pub connections: u64,
     pub partitions: u64,
+    pub log_open_files: u64,
+    pub log_open_files_max: u64,
+    pub log_file_evictions: u64,
 }
 
 /// Renders snapshots (index = shard) in Prometheus text format.
@@ -119,6 +125,15 @@ pub fn render(shards: &[MetricsSnapshot]) -> String {
     });
     family("connections", "gauge", "Open client connections.", &|s| s.connections);
     family("partitions", "gauge", "Partitions owned.", &|s| s.partitions);
+    family("log_open_files", "gauge", "Partition log files open (counted in the file budget).", &|s| {
+        s.log_open_files
+    });
+    family("log_open_files_max", "gauge", "The shard's open-file budget for partition logs.", &|s| {
+        s.log_open_files_max
+    });
+    family("log_file_evictions_total", "counter", "Log files closed to stay within the budget.", &|s| {
+        s.log_file_evictions
+    });
     let _ = writeln!(
         out,
         "# HELP shardlog_fetch_bytes_total Record bytes served to fetches, by path.\n# TYPE shardlog_fetch_bytes_total counter"
@@ -191,8 +206,14 @@ mod tests {
 
     #[test]
     fn renders_labels_per_path() {
-        let s = MetricsSnapshot { fetch_bytes_splice: 7, produce_requests: 3, ..Default::default() };
+        let s = MetricsSnapshot {
+            fetch_bytes_splice: 7,
+            produce_requests: 3,
+            log_open_files: 5,
+            ..Default::default()
+        };
         let text = render(&[s, MetricsSnapshot::default()]);
+        assert!(text.contains("shardlog_log_open_files{shard=\"0\"} 5"));
         assert!(text.contains("shardlog_fetch_bytes_total{shard=\"0\",path=\"splice\"} 7"));
         assert!(text.contains("shardlog_produce_requests_total{shard=\"0\"} 3"));
         assert!(text.contains("shardlog_produce_requests_total{shard=\"1\"} 0"));

@@ -225,6 +225,11 @@ impl ShardContext {
         }
     }
 
+    /// The open-file budget shared by this shard's partition logs.
+    pub fn log_files(&self) -> &Rc<crate::log::FileBudget> {
+        &self.log_options.files
+    }
+
     /// The shard that owns a partition.
     pub fn owner(&self, topic: &str, partition: u32) -> ShardId {
         shard_for(topic, PartitionId(partition), self.shard_count)
