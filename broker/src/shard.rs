@@ -182,6 +182,7 @@ impl ShardContext {
             hot_tail: crate::log::HotTailBudget::new(config.hot_tail_shard_bytes),
             hot_tail_log_bytes_max: config.hot_tail_partition_bytes,
             files: crate::log::FileBudget::new(files_max),
+            direct_reads: splicer.is_none(),
             ..Default::default()
         };
         Rc::new(ShardContext {

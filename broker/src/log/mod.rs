@@ -218,6 +218,11 @@ pub struct LogOptions {
     pub open_readers_max: usize,
     /// The shard's open-file budget, shared by all logs of the shard.
     pub files: Rc<FileBudget>,
+    /// Read `.log` segment files with O_DIRECT (on filesystems that support
+    /// it) rather than through the page cache: for the plain fetch path,
+    /// where cold reads are bulk reads of data the page cache never held.
+    /// Off when fetches splice (splice needs page-cache-backed ranges).
+    pub direct_reads: bool,
 }
 
 impl Default for LogOptions {
@@ -229,6 +234,7 @@ impl Default for LogOptions {
             hot_tail_log_bytes_max: HOT_TAIL_LOG_BYTES_DEFAULT,
             open_readers_max: OPEN_READERS_DEFAULT,
             files: FileBudget::thread_default(),
+            direct_reads: false,
         }
     }
 }
@@ -242,6 +248,8 @@ struct Shared {
     dir: PathBuf,
     config: TopicConfig,
     direct_io: bool,
+    /// `.log` read handles open with O_DIRECT (see [`LogOptions::direct_reads`]).
+    direct_reads: bool,
     block: u64,
     st: RefCell<State>,
     changed: Notify,

@@ -55,7 +55,7 @@ pub(super) async fn segment_reader(sh: &Shared, base: u64, index: bool) -> Resul
         return Ok(f);
     }
     let path = segment::segment_path(&sh.dir, base, if index { INDEX_EXT } else { LOG_EXT });
-    let f = Rc::new(SegmentFile::open_counted(&path, &sh.files).await?);
+    let f = Rc::new(SegmentFile::open_counted(&path, &sh.files, !index && sh.direct_reads).await?);
     // Deleted by retention or rolled meanwhile: use it once, uncached.
     let Some(slot) = slot else { return Ok(f) };
     let mut st = sh.st.borrow_mut();

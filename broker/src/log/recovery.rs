@@ -125,6 +125,9 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
              (page cache); fdatasync is a no-op there and nothing survives a reboot"
         );
     }
+    if direct_io {
+        segment::settle_iopoll_probe(&dir).await?;
+    }
     check_metadata(&dir).await?;
     let marker = read_marker(&dir);
     let mut segments = list_segments(&dir)?;
@@ -190,6 +193,7 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
         dir,
         config,
         direct_io,
+        direct_reads: options.direct_reads && direct_io,
         block,
         st: RefCell::new(State {
             closed,

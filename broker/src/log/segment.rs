@@ -4,7 +4,7 @@
 use super::error::LogError;
 use super::files::{FileBudget, FileToken, ReaderSlot};
 use super::index::{self, IndexBuilder, IndexEntry, SegmentSummary, TimeEntry, INDEX_ENTRY_BYTES};
-use glommio::io::{BufferedFile, OpenOptions};
+use glommio::io::{BufferedFile, DmaFile, OpenOptions, ReadResult};
 use shardlog_schema::batch::{self, BatchError, BatchHeader, BATCH_HEADER_BYTES};
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
@@ -32,10 +32,36 @@ pub fn parse_log_name(name: &str) -> Option<u64> {
 /// be spliced from at any offset and length.
 #[derive(Debug)]
 pub struct SegmentFile {
-    file: BufferedFile,
+    file: Handle,
     path: PathBuf,
     /// Counts the fd in the shard's file budget (long-lived handles only).
     _token: Option<FileToken>,
+}
+
+/// How a segment file is read: through the page cache (splice needs it;
+/// small index reads benefit from it) or with O_DIRECT (bulk reads of data
+/// the O_DIRECT appender never put in the page cache: large aligned reads
+/// straight from the device, without the page cache's CPU cost).
+#[derive(Debug)]
+enum Handle {
+    Buffered(BufferedFile),
+    Direct(DmaFile),
+}
+
+impl Handle {
+    async fn file_size(&self) -> glommio::Result<u64, ()> {
+        match self {
+            Handle::Buffered(f) => f.file_size().await,
+            Handle::Direct(f) => f.file_size().await,
+        }
+    }
+
+    async fn close(self) -> glommio::Result<(), ()> {
+        match self {
+            Handle::Buffered(f) => f.close().await,
+            Handle::Direct(f) => f.close().await,
+        }
+    }
 }
 
 impl SegmentFile {
@@ -46,21 +72,70 @@ impl SegmentFile {
             .buffered_open(path)
             .await
             .map_err(|e| LogError::glommio("opening segment for reading", path, e))?;
-        Ok(SegmentFile { file, path: path.to_path_buf(), _token: None })
+        Ok(SegmentFile { file: Handle::Buffered(file), path: path.to_path_buf(), _token: None })
     }
 
     /// Opens a handle a log caches: makes room in the budget, then counts it.
-    pub(crate) async fn open_counted(path: &Path, files: &Rc<FileBudget>) -> Result<SegmentFile, LogError> {
+    /// `direct`: read with O_DIRECT (not for splice: see [`Self::is_direct`]).
+    pub(crate) async fn open_counted(
+        path: &Path,
+        files: &Rc<FileBudget>,
+        direct: bool,
+    ) -> Result<SegmentFile, LogError> {
         files.admit();
-        let mut f = SegmentFile::open(path).await?;
+        let mut f = if direct {
+            let file = OpenOptions::new()
+                .read(true)
+                .dma_open(path)
+                .await
+                .map_err(|e| LogError::glommio("opening segment for direct reading", path, e))?;
+            SegmentFile { file: Handle::Direct(file), path: path.to_path_buf(), _token: None }
+        } else {
+            SegmentFile::open(path).await?
+        };
         f._token = Some(files.token());
         Ok(f)
     }
 
-    /// The fd (buffered, not O_DIRECT) for splice(2) or pread(2).
+    /// The fd for splice(2) or pread(2). Splicing from an O_DIRECT fd needs
+    /// block-aligned ranges; the broker splices only from buffered handles.
     #[must_use]
     pub fn raw_fd(&self) -> RawFd {
-        self.file.as_raw_fd()
+        match &self.file {
+            Handle::Buffered(f) => f.as_raw_fd(),
+            Handle::Direct(f) => f.as_raw_fd(),
+        }
+    }
+
+    /// Whether this handle reads with O_DIRECT.
+    #[must_use]
+    pub fn is_direct(&self) -> bool {
+        matches!(self.file, Handle::Direct(_))
+    }
+
+    async fn read_at(&self, pos: u64, len: usize) -> Result<ReadResult, LogError> {
+        match &self.file {
+            Handle::Buffered(f) => f.read_at(pos, len).await,
+            Handle::Direct(f) => f.read_at(pos, len).await,
+        }
+        .map_err(|e| LogError::glommio("reading segment", &self.path, e))
+    }
+
+    /// Appends up to `len` bytes from `pos` to `out` (fewer only at end of
+    /// file); returns how many it appended. One copy, from the read buffer
+    /// into `out`.
+    pub async fn read_into(&self, pos: u64, len: usize, out: &mut Vec<u8>) -> Result<usize, LogError> {
+        out.reserve(len);
+        let mut done = 0;
+        while done < len {
+            let got = self.read_at(pos + done as u64, len - done).await?;
+            if got.is_empty() {
+                break;
+            }
+            out.extend_from_slice(&got);
+            done += got.len();
+        }
+        Ok(done)
     }
 
     #[must_use]
@@ -70,19 +145,8 @@ impl SegmentFile {
 
     /// Reads exactly `len` bytes at `pos` (fewer only at end of file).
     pub async fn read_bytes(&self, pos: u64, len: usize) -> Result<Vec<u8>, LogError> {
-        let mut out = Vec::with_capacity(len);
-        while out.len() < len {
-            let at = pos + out.len() as u64;
-            let got = self
-                .file
-                .read_at(at, len - out.len())
-                .await
-                .map_err(|e| LogError::glommio("reading segment", &self.path, e))?;
-            if got.is_empty() {
-                break;
-            }
-            out.extend_from_slice(&got);
-        }
+        let mut out = Vec::new();
+        self.read_into(pos, len, &mut out).await?;
         Ok(out)
     }
 }
@@ -346,6 +410,33 @@ pub(crate) async fn read_summary(dir: &Path, base: u64, log_bytes: u64) -> Optio
     let time_len = std::fs::metadata(segment_path(dir, base, TIME_INDEX_EXT)).ok()?.len();
     let time_ok = time_len == u64::from(summary.time_entries) * index::TIME_ENTRY_BYTES as u64;
     (summary.log_bytes == log_bytes && time_ok && summary.next_offset >= base).then_some(summary)
+}
+
+/// Makes glommio's once-per-thread-and-device choice of ring for O_DIRECT
+/// I/O from a real read. glommio 0.9 probes with a read on the first
+/// `DmaFile` a thread opens on a device: on an empty file (a new segment)
+/// that read succeeds at end of file whatever the device, the device is then
+/// taken for one with poll queues, and every later O_DIRECT read on it fails
+/// with EOPNOTSUPP. So, once per thread and device, the first `DmaFile` opened
+/// is a one-block probe file in `dir`, removed again.
+pub(crate) async fn settle_iopoll_probe(dir: &Path) -> Result<(), LogError> {
+    use std::os::unix::fs::MetadataExt;
+    thread_local!(static SETTLED: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) });
+    let dev = std::fs::metadata(dir).map_err(|e| LogError::io("reading metadata", dir, e))?.dev();
+    if SETTLED.with(|s| s.borrow().contains(&dev)) {
+        return Ok(());
+    }
+    let path = dir.join(".io-probe");
+    // One-off blocking write of one block, once per thread and device.
+    std::fs::write(&path, [0u8; 4096]).map_err(|e| LogError::io("writing the I/O probe file", &path, e))?;
+    let opened = OpenOptions::new().read(true).dma_open(&path).await;
+    let _ = std::fs::remove_file(&path);
+    let file = opened.map_err(|e| LogError::glommio("opening the I/O probe file", &path, e))?;
+    if let Err(e) = file.close().await {
+        tracing::debug!(path = %path.display(), error = %e, "closing the I/O probe file failed");
+    }
+    SETTLED.with(|s| s.borrow_mut().push(dev));
+    Ok(())
 }
 
 /// Closing a read-only handle cannot lose data; a failure is only logged.
