@@ -17,7 +17,7 @@
 
 use crate::dispatch::{self, DataChunk, Outgoing};
 use crate::io::splice::Splicer;
-use crate::log::ReadChunk;
+use crate::log::{ReadChunk, SegmentFile};
 use crate::metrics::{ServePath, ShardMetrics};
 use crate::shard::ShardContext;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
@@ -51,15 +51,29 @@ pub fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<TcpListener>
 /// Accepts connections until the shard stops.
 pub async fn accept_loop(ctx: Rc<ShardContext>, listener: TcpListener, name: &'static str) {
     let per_shard_max = ctx.config.limits.connections_max.div_ceil(ctx.config.shards).max(1);
+    let mut failures = AcceptFailures::default();
+    let mut refused = LogThrottle::default();
     loop {
         let stream = match listener.accept().await {
-            Ok(s) => s,
+            Ok(s) => {
+                if let Some(count) = failures.recovered() {
+                    tracing::info!(listener = name, shard = %ctx.id, failures = count, "accepting again");
+                }
+                s
+            }
             Err(e) => {
                 if ctx.shutting_down.get() {
                     return;
                 }
-                tracing::warn!(listener = name, error = %e, "accept failed");
-                glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+                // Out of file descriptors (EMFILE/ENFILE) or memory, accept
+                // fails again at once: back off, and say so once per
+                // interval rather than once per attempt.
+                let (pause, report) = failures.failed(std::time::Instant::now());
+                if let Some(suppressed) = report {
+                    tracing::warn!(listener = name, shard = %ctx.id, error = %e, suppressed,
+                        retry_in_ms = pause.as_millis() as u64, "accept failed");
+                }
+                glommio::timer::sleep(pause).await;
                 continue;
             }
         };
@@ -67,7 +81,10 @@ pub async fn accept_loop(ctx: Rc<ShardContext>, listener: TcpListener, name: &'s
             return;
         }
         if ctx.connections.get() >= per_shard_max {
-            tracing::warn!(limit = per_shard_max, shard = %ctx.id, "connection limit reached; closing new connection");
+            if let Some(suppressed) = refused.hit(std::time::Instant::now()) {
+                tracing::warn!(limit = per_shard_max, shard = %ctx.id, suppressed,
+                    "connection limit reached; closing new connection");
+            }
             drop(stream);
             continue;
         }
@@ -80,6 +97,62 @@ pub async fn accept_loop(ctx: Rc<ShardContext>, listener: TcpListener, name: &'s
             ctx.connections.set(ctx.connections.get() - 1);
         })
         .detach();
+    }
+}
+
+/// Lets a repeated warning through once per interval, counting the ones it
+/// held back, so a condition that recurs per attempt cannot flood the log.
+#[derive(Debug, Default)]
+struct LogThrottle {
+    last: Option<std::time::Instant>,
+    suppressed: u64,
+}
+
+impl LogThrottle {
+    const INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+    /// `Some(n)` when this occurrence should be logged, `n` being how many
+    /// were held back since the last one logged.
+    fn hit(&mut self, now: std::time::Instant) -> Option<u64> {
+        match self.last {
+            Some(last) if now.duration_since(last) < Self::INTERVAL => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+}
+
+/// Back-off for a failing `accept`: 10 ms doubling to 1 s, reset by the
+/// next success.
+#[derive(Debug, Default)]
+struct AcceptFailures {
+    consecutive: u64,
+    log: LogThrottle,
+}
+
+impl AcceptFailures {
+    const FIRST_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+    const MAX_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+
+    /// How long to pause before the next attempt, and whether to log this
+    /// failure (with the count of failures not logged since the last one).
+    fn failed(&mut self, now: std::time::Instant) -> (std::time::Duration, Option<u64>) {
+        let doublings = self.consecutive.min(7) as u32;
+        self.consecutive += 1;
+        let pause = (Self::FIRST_PAUSE * 2u32.pow(doublings)).min(Self::MAX_PAUSE);
+        (pause, self.log.hit(now))
+    }
+
+    /// After a success: the number of consecutive failures it ends, if any.
+    fn recovered(&mut self) -> Option<u64> {
+        let count = std::mem::take(&mut self.consecutive);
+        self.log = LogThrottle::default();
+        (count > 0).then_some(count)
     }
 }
 
@@ -230,6 +303,15 @@ async fn write_loop(ctx: Rc<ShardContext>, stream: TcpStream, rx: local_channel:
     let _closed = w.stream.shutdown(std::net::Shutdown::Write).await;
 }
 
+/// Appends exactly `n` bytes of `file` from `at` to `out`.
+async fn read_range(file: &SegmentFile, at: u64, n: usize, out: &mut Vec<u8>) -> std::io::Result<()> {
+    match file.read_into(at, n, out).await {
+        Ok(got) if got == n => Ok(()),
+        Ok(_) => Err(std::io::Error::other("segment ended before the range to send")),
+        Err(e) => Err(std::io::Error::other(e)),
+    }
+}
+
 /// A duplicate of the socket's fd, kept alive by splice operations in flight.
 fn clone_fd(stream: &TcpStream) -> std::io::Result<OwnedFd> {
     // SAFETY: the fd belongs to `stream`, which outlives this borrow; the
@@ -283,15 +365,12 @@ impl Writer {
                                     .await?;
                                 metrics.count_fetch_bytes(ServePath::Splice, len);
                             } else {
-                                let bytes =
-                                    file.read_bytes(position, len).await.map_err(std::io::Error::other)?;
-                                if bytes.len() != len {
-                                    return Err(std::io::Error::other(
-                                        "segment ended before the range to send",
-                                    ));
-                                }
-                                metrics.count_fetch_bytes(ServePath::Plain, bytes.len());
-                                self.buf.extend_from_slice(&bytes);
+                                // One read of the whole range (up to a fetch's
+                                // size): O_DIRECT handles turn it into large
+                                // concurrent device requests, which measured
+                                // faster than chunks overlapped with the send.
+                                read_range(&file, position, len, &mut self.buf).await?;
+                                metrics.count_fetch_bytes(ServePath::Plain, len);
                             }
                         }
                     }
@@ -299,5 +378,36 @@ impl Writer {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{AcceptFailures, LogThrottle};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn throttle_logs_once_per_interval_and_counts_the_rest() {
+        let mut t = LogThrottle::default();
+        let t0 = Instant::now();
+        assert_eq!(t.hit(t0), Some(0));
+        for i in 1..=99 {
+            assert_eq!(t.hit(t0 + Duration::from_millis(i * 10)), None);
+        }
+        assert_eq!(t.hit(t0 + LogThrottle::INTERVAL), Some(99));
+        assert_eq!(t.hit(t0 + LogThrottle::INTERVAL + Duration::from_millis(1)), None);
+    }
+
+    #[test]
+    fn accept_back_off_doubles_to_a_cap_and_resets_on_success() {
+        let mut f = AcceptFailures::default();
+        let now = Instant::now();
+        let pauses: Vec<u128> = (0..10).map(|_| f.failed(now).0.as_millis()).collect();
+        assert_eq!(pauses, [10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000]);
+        assert_eq!(f.recovered(), Some(10));
+        assert_eq!(f.recovered(), None);
+        let (pause, report) = f.failed(now);
+        assert_eq!(pause, Duration::from_millis(10));
+        assert_eq!(report, Some(0), "the first failure after a recovery is logged");
     }
 }
