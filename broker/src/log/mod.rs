@@ -18,10 +18,11 @@
 //! batches into the active segment's fill buffer (a queue of 1 MiB aligned
 //! `DmaBuffer` chunks that starts with the partial last block already on
 //! disk), queues a slot and waits on it. One write task at a time takes the
-//! first chunk when it is full, or else the last partial chunk padded to the
-//! block size, and writes it with one O_DIRECT write at its block-aligned
-//! position; a partial last block is carried into the next chunk and
-//! rewritten by the next write. Up to [`WRITES_IN_FLIGHT_MAX`] writes are in
+//! first chunk when it is full, or else copies the partial chunk into a
+//! buffer of its block-aligned size (the chunk stays, so a partition that
+//! writes little holds one chunk, not a new one per write), and writes it
+//! with one O_DIRECT write at its block-aligned position; a partial last
+//! block is carried to the front of the chunk and rewritten by the next write. Up to [`WRITES_IN_FLIGHT_MAX`] writes are in
 //! flight: a second one starts only where the first ends (a full chunk never
 //! shares a block with the next), and completions are applied in issue
 //! order, so `written_pos` only covers bytes every earlier write has landed.
@@ -779,28 +780,30 @@ impl State {
             return None;
         }
         let pos = a.fill_start;
-        let (buf, len, data_len, reusable) = if a.fill_len > CHUNK_BYTES {
+        let (buf, len, data_len, reusable) = if a.fill_len >= CHUNK_BYTES {
             let buf = a.fill.pop_front().expect("a full chunk");
             a.fill_start += CHUNK_BYTES as u64;
             a.fill_len -= CHUNK_BYTES;
             (buf, CHUNK_BYTES, CHUNK_BYTES, true)
         } else {
+            // Less than a chunk: the data goes out in a buffer of its own
+            // aligned size, and the fill chunk stays, its partial last block
+            // moved to the front. Handing the chunk itself to the write (and
+            // a fresh 1 MiB chunk to the carry) made every small write free
+            // and allocate a whole chunk: with many partitions the allocator
+            // kept every freed chunk resident (5 GB RSS at 1,000 partitions).
             let data_len = a.fill_len;
             let len = align_up(data_len as u64, block) as usize;
-            let mut buf = a.fill.pop_front().expect("the fill holds the unwritten data");
-            buf.as_bytes_mut()[data_len..len].fill(0);
-            let reusable = len == CHUNK_BYTES;
-            buf.trim_to_size(len);
+            let front = a.fill.front_mut().expect("the fill holds the unwritten data");
+            let mut buf = glommio::allocate_dma_buffer(len);
+            buf.as_bytes_mut()[..data_len].copy_from_slice(&front.as_bytes()[..data_len]);
+            buf.as_bytes_mut()[data_len..].fill(0);
             let keep_from = align_down(data_len as u64, block) as usize;
             let carry = data_len - keep_from;
-            if carry > 0 {
-                let mut next = a.chunk();
-                next.as_bytes_mut()[..carry].copy_from_slice(&buf.as_bytes()[keep_from..data_len]);
-                a.fill.push_front(next);
-            }
+            front.as_bytes_mut().copy_within(keep_from..data_len, 0);
             a.fill_start += keep_from as u64;
             a.fill_len = carry;
-            (buf, len, data_len, reusable)
+            (buf, len, data_len, false)
         };
         let write_end = pos + len as u64;
         let prealloc_to = (write_end > a.allocated).then(|| {
