@@ -29,6 +29,7 @@ use shardlog_schema::wire::{ApiKey, ErrorCode};
 use std::any::Any;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 /// Binds a listener with SO_REUSEPORT (every shard accepts on the public
 /// port) and SO_REUSEADDR (a restart or a port that just served short-lived
@@ -68,7 +69,7 @@ pub async fn accept_loop(ctx: Rc<ShardContext>, listener: TcpListener, name: &'s
                 // Out of file descriptors (EMFILE/ENFILE) or memory, accept
                 // fails again at once: back off, and say so once per
                 // interval rather than once per attempt.
-                let (pause, report) = failures.failed(std::time::Instant::now());
+                let (pause, report) = failures.failed(Instant::now());
                 if let Some(suppressed) = report {
                     tracing::warn!(listener = name, shard = %ctx.id, error = %e, suppressed,
                         retry_in_ms = pause.as_millis() as u64, "accept failed");
@@ -81,7 +82,7 @@ pub async fn accept_loop(ctx: Rc<ShardContext>, listener: TcpListener, name: &'s
             return;
         }
         if ctx.connections.get() >= per_shard_max {
-            if let Some(suppressed) = refused.hit(std::time::Instant::now()) {
+            if let Some(suppressed) = refused.hit(Instant::now()) {
                 tracing::warn!(limit = per_shard_max, shard = %ctx.id, suppressed,
                     "connection limit reached; closing new connection");
             }
@@ -104,16 +105,16 @@ pub async fn accept_loop(ctx: Rc<ShardContext>, listener: TcpListener, name: &'s
 /// held back, so a condition that recurs per attempt cannot flood the log.
 #[derive(Debug, Default)]
 struct LogThrottle {
-    last: Option<std::time::Instant>,
+    last: Option<Instant>,
     suppressed: u64,
 }
 
 impl LogThrottle {
-    const INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+    const INTERVAL: Duration = Duration::from_secs(5);
 
     /// `Some(n)` when this occurrence should be logged, `n` being how many
     /// were held back since the last one logged.
-    fn hit(&mut self, now: std::time::Instant) -> Option<u64> {
+    fn hit(&mut self, now: Instant) -> Option<u64> {
         match self.last {
             Some(last) if now.duration_since(last) < Self::INTERVAL => {
                 self.suppressed += 1;
@@ -136,12 +137,12 @@ struct AcceptFailures {
 }
 
 impl AcceptFailures {
-    const FIRST_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
-    const MAX_PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+    const FIRST_PAUSE: Duration = Duration::from_millis(10);
+    const MAX_PAUSE: Duration = Duration::from_secs(1);
 
     /// How long to pause before the next attempt, and whether to log this
     /// failure (with the count of failures not logged since the last one).
-    fn failed(&mut self, now: std::time::Instant) -> (std::time::Duration, Option<u64>) {
+    fn failed(&mut self, now: Instant) -> (Duration, Option<u64>) {
         let doublings = self.consecutive.min(7) as u32;
         self.consecutive += 1;
         let pause = (Self::FIRST_PAUSE * 2u32.pow(doublings)).min(Self::MAX_PAUSE);

@@ -22,8 +22,8 @@
 //! buffer of its block-aligned size (the chunk stays, so a partition that
 //! writes little holds one chunk, not a new one per write), and writes it
 //! with one O_DIRECT write at its block-aligned position; a partial last
-//! block is carried to the front of the chunk and rewritten by the next write. Up to [`WRITES_IN_FLIGHT_MAX`] writes are in
-//! flight: a second one starts only where the first ends (a full chunk never
+//! block is carried to the front of the chunk and rewritten by the next
+//! write. Up to [`WRITES_IN_FLIGHT_MAX`] writes are in flight: a second one starts only where the first ends (a full chunk never
 //! shares a block with the next), and completions are applied in issue
 //! order, so `written_pos` only covers bytes every earlier write has landed.
 //! Appends that arrive while writes are in flight fill the next chunks.
@@ -376,8 +376,6 @@ struct WriteJob {
     pos: u64,
     /// End of the real data in `buf` (the rest is padding).
     data_end: u64,
-    /// `buf` is a whole, untrimmed chunk that can be reused.
-    reusable: bool,
     prealloc_to: Option<u64>,
     seq: u64,
     generation: u64,
@@ -780,11 +778,11 @@ impl State {
             return None;
         }
         let pos = a.fill_start;
-        let (buf, len, data_len, reusable) = if a.fill_len >= CHUNK_BYTES {
+        let (buf, len, data_len) = if a.fill_len >= CHUNK_BYTES {
             let buf = a.fill.pop_front().expect("a full chunk");
             a.fill_start += CHUNK_BYTES as u64;
             a.fill_len -= CHUNK_BYTES;
-            (buf, CHUNK_BYTES, CHUNK_BYTES, true)
+            (buf, CHUNK_BYTES, CHUNK_BYTES)
         } else {
             // Less than a chunk: the data goes out in a buffer of its own
             // aligned size, and the fill chunk stays, its partial last block
@@ -803,7 +801,7 @@ impl State {
             front.as_bytes_mut().copy_within(keep_from..data_len, 0);
             a.fill_start += keep_from as u64;
             a.fill_len = carry;
-            (buf, len, data_len, false)
+            (buf, len, data_len)
         };
         let write_end = pos + len as u64;
         let prealloc_to = (write_end > a.allocated).then(|| {
@@ -826,7 +824,6 @@ impl State {
             buf: Rc::new(buf),
             pos,
             data_end: pos + data_len as u64,
-            reusable,
             prealloc_to,
             seq,
             generation: self.write_gen,
@@ -864,7 +861,8 @@ impl State {
         self.stats.writes += 1;
         self.stats.bytes_written += bytes.len() as u64;
         self.bytes_since_sync += a.written_pos - before;
-        if job.reusable && a.spare.len() < SPARE_CHUNKS_MAX {
+        // A whole chunk (a full one, or a partial one padded to its size) is kept for reuse.
+        if job.buf.len() == CHUNK_BYTES && a.spare.len() < SPARE_CHUNKS_MAX {
             if let Ok(buf) = Rc::try_unwrap(job.buf) {
                 a.spare.push(buf);
             }
