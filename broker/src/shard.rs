@@ -135,6 +135,11 @@ pub struct ShardContext {
     /// Partitions this shard owns: topic → index by partition number.
     partitions: RefCell<PartitionTable>,
     mesh: Senders<ShardMsg>,
+    /// Requests to each shard (by shard id), queued in call order and sent
+    /// by one pump task per destination (`spawn_mesh_receivers`): a full
+    /// mesh channel makes callers wait in line, never overtake each other.
+    outbox: Vec<local_channel::LocalSender<ShardMsg>>,
+    outbox_rx: RefCell<Vec<local_channel::LocalReceiver<ShardMsg>>>,
     pending: RefCell<HashMap<u64, local_channel::LocalSender<ShardReply>>>,
     next_request_id: Cell<u64>,
     /// Requests being handled on this shard.
@@ -185,6 +190,7 @@ impl ShardContext {
             direct_reads: splicer.is_none(),
             ..Default::default()
         };
+        let (outbox, outbox_rx) = (0..config.shards).map(|_| local_channel::new_unbounded()).unzip();
         Rc::new(ShardContext {
             id,
             shard_count,
@@ -194,6 +200,8 @@ impl ShardContext {
             topics: RefCell::new(topics),
             partitions: RefCell::default(),
             mesh,
+            outbox,
+            outbox_rx: RefCell::new(outbox_rx),
             pending: RefCell::default(),
             next_request_id: Cell::new(0),
             in_flight: Cell::new(0),
@@ -333,16 +341,40 @@ impl ShardContext {
         let (tx, rx) = local_channel::new_bounded(1);
         self.pending.borrow_mut().insert(id, tx);
         let msg = ShardMsg::Request { id, from: self.id.0 as usize, op };
-        if self.mesh.send_to(to.0 as usize, msg).await.is_err() {
+        // Queued now, in call order (see `outbox`).
+        if self.outbox[to.0 as usize].try_send(msg).is_err() {
             self.pending.borrow_mut().remove(&id);
             return ShardReply::Unavailable;
         }
         rx.recv().await.unwrap_or(ShardReply::Unavailable)
     }
 
-    /// Serves the requests arriving from the other shards; returns when the
-    /// mesh closes.
+    /// Sends the requests queued for shard `to` in order; ends when the
+    /// shard context goes away.
+    async fn pump_outbox(ctx: std::rc::Weak<Self>, to: usize, rx: local_channel::LocalReceiver<ShardMsg>) {
+        while let Some(msg) = rx.recv().await {
+            let Some(ctx) = ctx.upgrade() else { return };
+            let id = match &msg {
+                ShardMsg::Request { id, .. } => *id,
+                ShardMsg::Reply { .. } => unreachable!("replies are sent directly"),
+            };
+            if ctx.mesh.send_to(to, msg).await.is_err() {
+                // The caller's reply channel closes: it answers Unavailable.
+                ctx.pending.borrow_mut().remove(&id);
+            }
+        }
+    }
+
+    /// Serves the requests arriving from the other shards (in arrival
+    /// order: each request's handler is spawned, and so first runs, in that
+    /// order) and starts the outbox pumps; the receivers end when the mesh
+    /// closes.
     pub fn spawn_mesh_receivers(self: &Rc<Self>, mut receivers: Receivers<ShardMsg>) {
+        for (to, rx) in std::mem::take(&mut *self.outbox_rx.borrow_mut()).into_iter().enumerate() {
+            if to != self.id.0 as usize {
+                glommio::spawn_local(Self::pump_outbox(Rc::downgrade(self), to, rx)).detach();
+            }
+        }
         for (_, rx) in receivers.streams() {
             let ctx = self.clone();
             glommio::spawn_local(async move {

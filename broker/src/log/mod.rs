@@ -61,6 +61,7 @@
 //! answered from it synchronously as [`ReadChunk::Memory`] slices (no file
 //! access); otherwise it takes the file path above.
 
+mod admit;
 pub mod dump;
 mod error;
 mod files;
@@ -252,6 +253,8 @@ struct Shared {
     /// `.log` read handles open with O_DIRECT (see [`LogOptions::direct_reads`]).
     direct_reads: bool,
     block: u64,
+    /// The order appends enqueue in: call order (see `admit`).
+    admission: admit::Admission,
     st: RefCell<State>,
     changed: Notify,
     /// The hot tail window over the active segment (its own cell: the
@@ -388,6 +391,27 @@ struct CleanMarker {
     active_bytes: u64,
 }
 
+/// An append's place in the admission order; giving it up (enqueued,
+/// failed, or the append's future dropped) lets the next append go.
+struct Ticket<'a> {
+    sh: &'a Shared,
+    number: u64,
+}
+
+impl<'a> Ticket<'a> {
+    fn take(sh: &'a Shared) -> Self {
+        Ticket { sh, number: sh.admission.take() }
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if self.sh.admission.release(self.number) {
+            self.sh.changed.notify_all();
+        }
+    }
+}
+
 #[must_use]
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
@@ -420,12 +444,39 @@ impl Log {
     }
 
     /// Appends whole batches. See the module docs for the write path.
-    pub async fn append(&self, batches: &[u8], leader_epoch: i32) -> Result<AppendInfo, LogError> {
-        let sh = &self.sh;
+    ///
+    /// Appends enter the log in the order this method is *called*, whatever
+    /// each of them then waits for (a roll, back-pressure): the ticket is
+    /// taken here, before the returned future is first polled (`admit`).
+    pub fn append<'a>(
+        &'a self,
+        batches: &'a [u8],
+        leader_epoch: i32,
+    ) -> impl std::future::Future<Output = Result<AppendInfo, LogError>> + 'a {
+        let checked = self.check_append(batches);
+        let ticket = checked.is_ok().then(|| Ticket::take(&self.sh));
+        async move {
+            let headers = checked?;
+            let ticket = ticket.expect("a ticket is taken for every valid append");
+            self.append_in_turn(batches, &headers, leader_epoch, ticket).await
+        }
+    }
+
+    fn check_append(&self, batches: &[u8]) -> Result<Vec<BatchHeader>, LogError> {
         if batches.len() > APPEND_BYTES_MAX {
             return Err(LogError::BatchTooLarge { bytes: batches.len(), max: APPEND_BYTES_MAX });
         }
-        let headers = validate_all(batches, sh.config.batch_bytes_max as usize)?;
+        validate_all(batches, self.sh.config.batch_bytes_max as usize)
+    }
+
+    async fn append_in_turn(
+        &self,
+        batches: &[u8],
+        headers: &[BatchHeader],
+        leader_epoch: i32,
+        ticket: Ticket<'_>,
+    ) -> Result<AppendInfo, LogError> {
+        let sh = &self.sh;
         let durable = sh.config.flush == FlushPolicy::Always;
         let mut waited_roll: Option<u64> = None;
         loop {
@@ -442,10 +493,12 @@ impl Log {
                         }
                     }
                 }
-                if st.rolling {
+                if !sh.admission.is_turn(ticket.number) {
+                    None // an earlier append waits: it goes first
+                } else if st.rolling {
                     waited_roll = Some(st.roll_gen);
                     None
-                } else if st.needs_roll(&sh.config, batches.len(), &headers) {
+                } else if st.needs_roll(&sh.config, batches.len(), headers) {
                     st.rolling = true;
                     waited_roll = Some(st.roll_gen);
                     start_roll = true;
@@ -456,11 +509,12 @@ impl Log {
                 {
                     None // back-pressure: wait for the write in flight
                 } else {
-                    Some(st.enqueue(batches, &headers, leader_epoch, durable))
+                    Some(st.enqueue(batches, headers, leader_epoch, durable))
                 }
             };
             match slot_and_info {
                 Some((slot, info)) => {
+                    drop(ticket);
                     kick_write(sh);
                     slot.wait().await?;
                     return Ok(info);
@@ -705,621 +759,6 @@ impl State {
             || now_ms() - a.created_ms >= config.segment_ms as i64
             || a.next_offset - a.base + records >= u64::from(u32::MAX)
     }
-
-    /// Copies and stamps the batches into the fill buffer, assigns offsets
-    /// and queues the caller's slot.
-    fn enqueue(
-        &mut self,
-        batches: &[u8],
-        headers: &[BatchHeader],
-        leader_epoch: i32,
-        durable: bool,
-    ) -> (Rc<AppendSlot>, AppendInfo) {
-        let start_offset = self.start_offset();
-        let a = &mut self.active;
-        let start = a.fill_len;
-        a.fill_copy(start, batches);
-        let base_offset = a.next_offset;
-        let (mut offset, mut at) = (base_offset, 0usize);
-        for h in headers {
-            let len = h.total_bytes();
-            // Stamp the copy: the stamped fields sit in the first 16 bytes,
-            // which may straddle two chunks.
-            let mut head = [0u8; 16];
-            head.copy_from_slice(&batches[at..at + 16]);
-            batch::stamp(&mut head, offset, leader_epoch);
-            a.fill_copy(start + at, &head);
-            let next = offset + u64::from(h.last_offset_delta) + 1;
-            a.unwritten_batches.push_back(BatchMeta {
-                rel_offset: u32::try_from(offset - a.base).expect("roll keeps relative offsets in u32"),
-                pos: a.end_pos + at as u64,
-                end: a.end_pos + (at + len) as u64,
-                next,
-                first_ts: h.first_timestamp,
-                max_ts: h.max_timestamp,
-            });
-            offset = next;
-            at += len;
-        }
-        assert!(offset > a.next_offset, "offsets only grow");
-        a.fill_len = start + batches.len();
-        a.end_pos += batches.len() as u64;
-        a.next_offset = offset;
-        self.stats.appends += 1;
-        let slot = Rc::new(Slot::new());
-        self.unwritten.push_back(Waiter { end_pos: a.end_pos, durable, slot: slot.clone() });
-        let info = AppendInfo {
-            base_offset: Offset(base_offset),
-            last_offset: Offset(offset - 1),
-            append_time_ms: now_ms(),
-            log_start_offset: Offset(start_offset),
-        };
-        (slot, info)
-    }
-
-    /// Takes the next aligned write: the first chunk when it is full and more
-    /// follows, otherwise the last, partial chunk padded to the block size
-    /// (its partial last block is carried over and rewritten next time).
-    fn take_write_job(&mut self, sh: &Shared) -> Option<WriteJob> {
-        if self.failed.is_some() {
-            return None;
-        }
-        let block = sh.block;
-        let a = &mut self.active;
-        // `fill_len == 0`: everything is issued (a write in flight ended on a
-        // block boundary and carried nothing over).
-        if a.unwritten_batches.is_empty() || a.fill_len == 0 || self.writes_in_flight >= WRITES_IN_FLIGHT_MAX
-        {
-            return None;
-        }
-        // A write may not touch a block an earlier write still in flight
-        // owns: with one in flight, only a write that starts where it ends.
-        if self.writes_in_flight > 0 && a.fill_start < self.issued_end {
-            return None;
-        }
-        let pos = a.fill_start;
-        let (buf, len, data_len) = if a.fill_len >= CHUNK_BYTES {
-            let buf = a.fill.pop_front().expect("a full chunk");
-            a.fill_start += CHUNK_BYTES as u64;
-            a.fill_len -= CHUNK_BYTES;
-            (buf, CHUNK_BYTES, CHUNK_BYTES)
-        } else {
-            // Less than a chunk: the data goes out in a buffer of its own
-            // aligned size, and the fill chunk stays, its partial last block
-            // moved to the front. Handing the chunk itself to the write (and
-            // a fresh 1 MiB chunk to the carry) made every small write free
-            // and allocate a whole chunk: with many partitions the allocator
-            // kept every freed chunk resident (5 GB RSS at 1,000 partitions).
-            let data_len = a.fill_len;
-            let len = align_up(data_len as u64, block) as usize;
-            let front = a.fill.front_mut().expect("the fill holds the unwritten data");
-            let mut buf = glommio::allocate_dma_buffer(len);
-            buf.as_bytes_mut()[..data_len].copy_from_slice(&front.as_bytes()[..data_len]);
-            buf.as_bytes_mut()[data_len..].fill(0);
-            let keep_from = align_down(data_len as u64, block) as usize;
-            let carry = data_len - keep_from;
-            front.as_bytes_mut().copy_within(keep_from..data_len, 0);
-            a.fill_start += keep_from as u64;
-            a.fill_len = carry;
-            (buf, len, data_len)
-        };
-        let write_end = pos + len as u64;
-        let prealloc_to = (write_end > a.allocated).then(|| {
-            let segment_bytes = align_up(sh.config.segment_bytes.min(SEGMENT_BYTES_CAP), block);
-            let step = a.allocated.clamp(PREALLOC_BYTES_STEP_MIN, PREALLOC_BYTES_STEP);
-            (a.allocated + step).min(segment_bytes).max(write_end)
-        });
-        if let Some(to) = prealloc_to {
-            // Claimed now so a second write in flight does not repeat it.
-            a.allocated = a.allocated.max(to);
-        }
-        self.writes_in_flight += 1;
-        self.issued_end = write_end;
-        let seq = self.write_seq_issue;
-        self.write_seq_issue += 1;
-        Some(WriteJob {
-            base: a.base,
-            file: a.file.clone(),
-            path: a.path.clone(),
-            buf: Rc::new(buf),
-            pos,
-            data_end: pos + data_len as u64,
-            prealloc_to,
-            seq,
-            generation: self.write_gen,
-        })
-    }
-
-    fn complete_write(&mut self, sh: &Shared, job: WriteJob) {
-        let block = sh.block;
-        let a = &mut self.active;
-        assert_eq!(a.base, job.base, "a write completes on the segment it was issued for");
-        let before = a.written_pos;
-        // Whole batches now on disk advance the written position.
-        while let Some(m) = a.unwritten_batches.front() {
-            if m.end > job.data_end {
-                break;
-            }
-            assert!(m.end > a.written_pos, "written position goes forward");
-            a.index.on_batch(m.rel_offset, m.pos, m.first_ts, m.max_ts);
-            a.written_pos = m.end;
-            a.written_next = m.next;
-            a.unwritten_batches.pop_front();
-        }
-        let bytes = job.buf.as_bytes();
-        if sh.hot.borrow().enabled() {
-            a.stage_hot(&sh.hot, before, &job);
-        }
-        if a.written_pos != before {
-            a.tail_start = align_down(a.written_pos, block);
-            assert!(a.tail_start >= job.pos, "the new partial block is in this write");
-            a.tail.clear();
-            a.tail.extend_from_slice(
-                &bytes[(a.tail_start - job.pos) as usize..(a.written_pos - job.pos) as usize],
-            );
-        }
-        self.stats.writes += 1;
-        self.stats.bytes_written += bytes.len() as u64;
-        self.bytes_since_sync += a.written_pos - before;
-        // A whole chunk (a full one, or a partial one padded to its size) is kept for reuse.
-        if job.buf.len() == CHUNK_BYTES && a.spare.len() < SPARE_CHUNKS_MAX {
-            if let Ok(buf) = Rc::try_unwrap(job.buf) {
-                a.spare.push(buf);
-            }
-        }
-        let written = a.written_pos;
-        while self.unwritten.front().is_some_and(|w| w.end_pos <= written) {
-            let w = self.unwritten.pop_front().expect("front exists");
-            if w.durable {
-                self.unsynced.push_back(w);
-            } else {
-                w.slot.resolve(Ok(()));
-            }
-        }
-    }
-
-    /// A write failed: forget everything not yet written and fail its appends.
-    fn fail_write(&mut self, sh: &Shared, job: WriteJob, err: LogError) {
-        let a = &mut self.active;
-        assert_eq!(a.base, job.base, "a write fails on the segment it was issued for");
-        if err.is_out_of_files() {
-            // Said once per shard already (`LogError::io`); not once per append.
-            tracing::debug!(path = %job.path.display(), error = %err, "segment write failed");
-        } else {
-            tracing::warn!(
-                path = %job.path.display(), position = job.pos, lost_from_offset = a.written_next,
-                lost_to_offset = a.next_offset, error = %err,
-                "segment write failed; unwritten appends are rolled back and fail"
-            );
-        }
-        a.end_pos = a.written_pos;
-        a.next_offset = a.written_next;
-        a.unwritten_batches.clear();
-        a.hot_staged.clear();
-        // A later write still in flight writes bytes past the rolled-back end:
-        // its completion is ignored, and `issued_end` (left as is) holds new
-        // writes back until it has landed, so it cannot overwrite them.
-        self.write_gen += 1;
-        a.fill.clear();
-        let mut first = a.chunk();
-        first.as_bytes_mut()[..a.tail.len()].copy_from_slice(&a.tail);
-        a.fill.push_back(first);
-        a.fill_start = a.tail_start;
-        a.fill_len = a.tail.len();
-        for w in self.unwritten.drain(..) {
-            w.slot.resolve(Err(err.duplicate()));
-        }
-        // Out of space or of file descriptors: nothing is lost, the log
-        // takes appends again once the resource returns.
-        if !err.is_no_space() && !err.is_out_of_files() {
-            self.poison(&sh.dir, format!("write failed: {err}"));
-        }
-    }
-
-    /// Marks the log failed and fails everyone waiting.
-    fn poison(&mut self, dir: &Path, reason: String) {
-        tracing::error!(dir = %dir.display(), %reason, "log failed; it takes no more appends");
-        let e = LogError::Failed { dir: dir.to_path_buf(), reason: reason.clone() };
-        self.failed.get_or_insert(reason);
-        for w in self.unwritten.drain(..).chain(self.unsynced.drain(..)) {
-            w.slot.resolve(Err(e.duplicate()));
-        }
-    }
-
-    fn sync_wanted(&self, config: &TopicConfig) -> bool {
-        let a = &self.active;
-        if self.failed.is_some() || a.written_pos <= a.durable_pos {
-            return false;
-        }
-        if !self.unsynced.is_empty() {
-            return true;
-        }
-        match config.flush {
-            FlushPolicy::Interval { ms, bytes } => {
-                self.bytes_since_sync >= bytes || now_ms() - self.last_sync_ms >= ms as i64
-            }
-            FlushPolicy::Always => true,
-            FlushPolicy::Never => false,
-        }
-    }
-}
-
-// Tasks are spawned after the state borrow ends: a spawned task may be
-// polled before `spawn_local` returns.
-fn kick_write(sh: &Rc<Shared>) {
-    loop {
-        let job = {
-            let mut st = sh.st.borrow_mut();
-            if st.active.end_pos <= st.active.written_pos {
-                return;
-            }
-            st.take_write_job(sh)
-        };
-        match job {
-            Some(job) => {
-                glommio::spawn_local(write_task(sh.clone(), job)).detach();
-            }
-            None => return,
-        }
-    }
-}
-
-fn kick_sync(sh: &Rc<Shared>) {
-    let start = {
-        let mut st = sh.st.borrow_mut();
-        let start = !st.sync_busy && st.sync_wanted(&sh.config);
-        st.sync_busy |= start;
-        start
-    };
-    if start {
-        glommio::spawn_local(sync_task(sh.clone())).detach();
-    }
-}
-
-/// Runs one write as its own task (so a cancelled append never leaves a
-/// write half-accounted), then completes finished writes in issue order and
-/// issues the next ones.
-async fn write_task(sh: Rc<Shared>, job: WriteJob) {
-    let result = run_write(&sh, &job).await;
-    {
-        let mut st = sh.st.borrow_mut();
-        st.write_done.insert(job.seq, (job, result));
-        loop {
-            let seq = st.write_seq_complete;
-            let Some((job, result)) = st.write_done.remove(&seq) else { break };
-            st.write_seq_complete += 1;
-            st.writes_in_flight -= 1;
-            if job.generation != st.write_gen || st.active.base != job.base {
-                continue; // rolled back by an earlier failed write
-            }
-            match result {
-                Ok(()) => st.complete_write(&sh, job),
-                Err(e) => st.fail_write(&sh, job, e),
-            }
-        }
-    }
-    let budget = sh.hot.borrow().budget().clone();
-    budget.enforce();
-    sh.changed.notify_all();
-    kick_write(&sh);
-    kick_sync(&sh);
-}
-
-async fn run_write(sh: &Rc<Shared>, job: &WriteJob) -> Result<(), LogError> {
-    let file = match &job.file {
-        Some(f) => f.clone(),
-        None => write_file(sh, job.base).await?,
-    };
-    if let Some(target) = job.prealloc_to {
-        match file.pre_allocate(target, false).await {
-            Ok(()) => {
-                let mut st = sh.st.borrow_mut();
-                if st.active.base == job.base {
-                    st.active.allocated = target;
-                }
-            }
-            Err(e) => {
-                let e = error::unwrap_glommio(e);
-                if !error::is_no_space(&e) {
-                    return Err(LogError::io("fallocate", &job.path, e));
-                }
-                // Writing in place may still fit; the write reports ENOSPC if not.
-                tracing::debug!(path = %job.path.display(), "fallocate: no space; writing without it");
-            }
-        }
-    }
-    let len = job.buf.len();
-    let n = file
-        .write_rc_at(job.buf.clone(), job.pos)
-        .await
-        .map_err(|e| LogError::glommio("writing segment", &job.path, e))?;
-    if n != len {
-        return Err(LogError::NoSpace {
-            op: "writing segment (short write)",
-            path: job.path.clone(),
-            source: std::io::ErrorKind::StorageFull.into(),
-        });
-    }
-    Ok(())
-}
-
-/// Issues fdatasyncs while one is wanted. A failure poisons the log.
-async fn sync_task(sh: Rc<Shared>) {
-    loop {
-        let (base, path, pos, next) = {
-            let mut st = sh.st.borrow_mut();
-            if !st.sync_wanted(&sh.config) {
-                st.sync_busy = false;
-                drop(st);
-                sh.changed.notify_all();
-                return;
-            }
-            st.bytes_since_sync = 0;
-            st.last_sync_ms = now_ms();
-            let a = &st.active;
-            (a.base, a.path.clone(), a.written_pos, a.written_next)
-        };
-        let result = match write_file(&sh, base).await {
-            Ok(file) => file.fdatasync().await.map_err(|e| LogError::glommio("fdatasync", &path, e)),
-            Err(e) => Err(e),
-        };
-        {
-            let mut st = sh.st.borrow_mut();
-            st.stats.fdatasyncs += 1;
-            match result {
-                Ok(()) if st.active.base == base => {
-                    let a = &mut st.active;
-                    assert!(pos >= a.durable_pos, "durable position goes forward");
-                    a.durable_pos = pos;
-                    a.durable_next = next;
-                    while st.unsynced.front().is_some_and(|w| w.end_pos <= pos) {
-                        st.unsynced.pop_front().expect("front exists").slot.resolve(Ok(()));
-                    }
-                }
-                Ok(()) => {}
-                Err(e) if e.is_out_of_files() => {
-                    // The write fd could not be reopened: nothing was synced
-                    // and nothing is lost; fail the waiters, a later flush retries.
-                    for w in st.unsynced.drain(..) {
-                        w.slot.resolve(Err(e.duplicate()));
-                    }
-                    st.sync_busy = false;
-                    drop(st);
-                    sh.changed.notify_all();
-                    return;
-                }
-                Err(e) => {
-                    st.poison(&sh.dir, format!("fdatasync failed: {e}"));
-                }
-            }
-        }
-        sh.changed.notify_all();
-    }
-}
-
-/// Periodic fdatasync for `flush.policy=interval`; ends with the log.
-async fn flush_timer(weak: Weak<Shared>, every: Duration) {
-    loop {
-        glommio::timer::sleep(every).await;
-        let Some(sh) = weak.upgrade() else { return };
-        if sh.st.borrow().shut {
-            return;
-        }
-        kick_sync(&sh);
-    }
-}
-
-/// Waits until everything appended before the call is written and durable.
-async fn flush_inner(sh: &Rc<Shared>) -> Result<(), LogError> {
-    let slot = {
-        let mut st = sh.st.borrow_mut();
-        if let Some(reason) = &st.failed {
-            return Err(LogError::Failed { dir: sh.dir.clone(), reason: reason.clone() });
-        }
-        let a = &st.active;
-        if a.end_pos <= a.durable_pos {
-            return Ok(());
-        }
-        let slot = Rc::new(Slot::new());
-        let w = Waiter { end_pos: a.end_pos, durable: true, slot: slot.clone() };
-        if a.end_pos <= a.written_pos {
-            st.unsynced.push_back(w);
-        } else {
-            st.unwritten.push_back(w);
-        }
-        slot
-    };
-    kick_write(sh);
-    kick_sync(sh);
-    slot.wait().await
-}
-
-async fn wait_not_rolling(sh: &Shared) {
-    loop {
-        let listen = sh.changed.listen();
-        if !sh.st.borrow().rolling {
-            return;
-        }
-        listen.await;
-    }
-}
-
-async fn roll_task(sh: Rc<Shared>) {
-    let result = roll(&sh).await;
-    {
-        let mut st = sh.st.borrow_mut();
-        st.rolling = false;
-        st.roll_gen += 1;
-        if let Err(e) = &result {
-            tracing::warn!(dir = %sh.dir.display(), error = %e, "segment roll failed; the active segment stays");
-        } else {
-            st.stats.rolls += 1;
-        }
-        st.roll_error = result.err();
-    }
-    sh.changed.notify_all();
-}
-
-/// Seals the active segment and starts a new one at the next offset.
-async fn roll(sh: &Rc<Shared>) -> Result<(), LogError> {
-    flush_inner(sh).await?;
-    let base = sh.st.borrow().active.base;
-    let file = write_file(sh, base).await?;
-    let summary = seal_active(sh, &file).await?;
-    let next = summary.next_offset;
-    let new = new_active(sh, next).await?;
-    let old = {
-        let mut st = sh.st.borrow_mut();
-        let old = std::mem::replace(&mut st.active, new);
-        assert!(
-            old.next_offset == next && old.end_pos == summary.log_bytes,
-            "nothing appended while rolling"
-        );
-        st.closed_bytes += summary.log_bytes;
-        let reader_open = old.reader.is_open();
-        st.closed.push_back(ClosedSegment::new(old.base, summary, old.reader.clone(), &sh.files));
-        if reader_open {
-            st.note_open_reader(old.base, false, sh.open_readers_max);
-        }
-        old
-    };
-    touch_write_file(sh);
-    sh.hot.borrow_mut().reset(next, 0);
-    tracing::debug!(dir = %sh.dir.display(), sealed = old.base, next, "rolled segment");
-    drop(file);
-    match old.file {
-        Some(f) => close_dma(f, &old.path).await,
-        None => Ok(()),
-    }
-}
-
-/// Closes a write handle if this is its last user (else the last one's drop does).
-async fn close_dma(file: Rc<WriteFile>, path: &Path) -> Result<(), LogError> {
-    if let Ok(f) = Rc::try_unwrap(file) {
-        f.file.close().await.map_err(|e| LogError::glommio("closing segment", path, e))?;
-    }
-    Ok(())
-}
-
-/// The active segment's write handle: the open one, or reopened (counted in
-/// the shard's file budget) after the budget closed it.
-async fn write_file(sh: &Rc<Shared>, base: u64) -> Result<Rc<WriteFile>, LogError> {
-    // A sealed segment is never written again (a write left over from a
-    // rolled-back write may still ask; its result is ignored).
-    let sealed = || LogError::Closed { dir: sh.dir.clone() };
-    let cached = {
-        let st = sh.st.borrow();
-        if st.active.base != base {
-            return Err(sealed());
-        }
-        st.active.file.clone()
-    };
-    let file = match cached {
-        Some(f) => f,
-        None => {
-            sh.files.admit();
-            let path = segment::segment_path(&sh.dir, base, LOG_EXT);
-            let f = counted_write_file(open_dma(&path, false).await?, &sh.files);
-            let mut st = sh.st.borrow_mut();
-            if st.active.base != base {
-                return Err(sealed());
-            }
-            st.active.file.get_or_insert(f).clone()
-        }
-    };
-    touch_write_file(sh);
-    Ok(file)
-}
-
-/// Marks the active segment's write handle as just used in the file budget.
-fn touch_write_file(sh: &Rc<Shared>) {
-    sh.files.touch(&sh.write_tick, Rc::downgrade(sh) as std::rc::Weak<dyn Evict>);
-}
-
-fn counted_write_file(file: DmaFile, files: &Rc<FileBudget>) -> Rc<WriteFile> {
-    Rc::new(WriteFile { file, _token: files.token() })
-}
-
-/// The file budget closes an idle log's write handle; the next write,
-/// sync or seal reopens it.
-impl Evict for Shared {
-    fn evict(&self) -> bool {
-        let Ok(mut st) = self.st.try_borrow_mut() else { return false };
-        if !st.write_file_idle(&self.config) {
-            return false;
-        }
-        let Some(file) = st.active.file.take() else { return true };
-        let path = st.active.path.clone();
-        drop(st);
-        glommio::spawn_local(async move {
-            if let Err(e) = close_dma(file, &path).await {
-                tracing::warn!(path = %path.display(), error = %e, "closing an idle segment failed");
-            }
-        })
-        .detach();
-        true
-    }
-
-    fn tick(&self) -> &Cell<Option<u64>> {
-        &self.write_tick
-    }
-}
-
-/// Writes the active segment's `.index`/`.timeindex`, truncates its `.log` to
-/// the logical end and syncs. Requires everything appended to be durable.
-async fn seal_active(sh: &Shared, file: &DmaFile) -> Result<SegmentSummary, LogError> {
-    let (base, path, summary, index_bytes, time_bytes) = {
-        let st = sh.st.borrow();
-        let a = &st.active;
-        assert!(a.end_pos == a.durable_pos, "sealing needs a durable segment");
-        let summary = a.index.summary(a.end_pos, a.next_offset);
-        let index_bytes = index::encode_index(&a.index.entries, &summary);
-        let time_bytes = index::encode_time_index(&a.index.times);
-        (a.base, a.path.clone(), summary, index_bytes, time_bytes)
-    };
-    segment::write_file_durably(&segment::segment_path(&sh.dir, base, TIME_INDEX_EXT), time_bytes).await?;
-    segment::write_file_durably(&segment::segment_path(&sh.dir, base, INDEX_EXT), index_bytes).await?;
-    file.truncate(summary.log_bytes).await.map_err(|e| LogError::glommio("truncating segment", &path, e))?;
-    file.fdatasync().await.map_err(|e| LogError::glommio("fdatasync", &path, e))?;
-    {
-        let mut st = sh.st.borrow_mut();
-        if st.active.base == base {
-            st.active.allocated = summary.log_bytes;
-        }
-    }
-    Ok(summary)
-}
-
-/// Creates a fresh active segment at `base`.
-async fn new_active(sh: &Shared, base: u64) -> Result<Active, LogError> {
-    // Stale indexes of an earlier failed roll must not describe the new file.
-    for ext in [INDEX_EXT, TIME_INDEX_EXT] {
-        remove_if_exists(&segment::segment_path(&sh.dir, base, ext)).await?;
-    }
-    let path = segment::segment_path(&sh.dir, base, LOG_EXT);
-    sh.files.admit();
-    let file = counted_write_file(open_dma(&path, true).await?, &sh.files);
-    let scan = Scan::empty(base, sh.config.index_interval_bytes);
-    let active = Active::new(base, path, file, ReaderSlot::new(&sh.files), scan, Vec::new());
-    sync_dir(&sh.dir).await?;
-    Ok(active)
-}
-
-async fn open_dma(path: &Path, truncate: bool) -> Result<DmaFile, LogError> {
-    OpenOptions::new().read(true).write(true).create(true).truncate(truncate).dma_open(path).await.map_err(
-        |e| {
-            let e = error::unwrap_glommio(e);
-            if e.raw_os_error() == Some(libc::EINVAL) {
-                LogError::io(
-                    "opening with O_DIRECT (the filesystem does not support it; only tmpfs falls back)",
-                    path,
-                    e,
-                )
-            } else {
-                LogError::io("opening segment", path, e)
-            }
-        },
-    )
 }
 
 impl Active {
@@ -1362,55 +801,6 @@ impl Active {
             tail,
             tail_start,
             hot_staged: Vec::new(),
-        }
-    }
-}
-
-impl Active {
-    /// Hands the whole batches this write completed (`[before, written_pos)`)
-    /// to the hot tail window, directly from the write buffer when they all
-    /// lie in it, else through `hot_staged` (a batch that spans writes).
-    fn stage_hot(&mut self, hot: &RefCell<hot::HotWindow>, before: u64, job: &WriteJob) {
-        let bytes = job.buf.as_bytes();
-        let at = |p: u64| (p - job.pos) as usize;
-        let staged_end = before + self.hot_staged.len() as u64;
-        assert!(job.pos <= staged_end, "writes are contiguous");
-        if self.hot_staged.is_empty() {
-            if self.written_pos > before {
-                hot.borrow_mut().push(self.base, before, &bytes[at(before)..at(self.written_pos)]);
-            }
-            if job.data_end > self.written_pos {
-                self.hot_staged.extend_from_slice(&bytes[at(self.written_pos)..at(job.data_end)]);
-            }
-        } else {
-            if job.data_end > staged_end {
-                self.hot_staged.extend_from_slice(&bytes[at(staged_end)..at(job.data_end)]);
-            }
-            if self.written_pos > before {
-                let n = (self.written_pos - before) as usize;
-                hot.borrow_mut().push(self.base, before, &self.hot_staged[..n]);
-                self.hot_staged.drain(..n);
-            }
-        }
-    }
-
-    /// A chunk for the fill buffer, reused when possible.
-    fn chunk(&mut self) -> DmaBuffer {
-        self.spare.pop().unwrap_or_else(|| glommio::allocate_dma_buffer(CHUNK_BYTES))
-    }
-
-    /// Copies `bytes` into the fill buffer at fill offset `at`, adding chunks.
-    fn fill_copy(&mut self, mut at: usize, mut bytes: &[u8]) {
-        while !bytes.is_empty() {
-            let (i, off) = (at / CHUNK_BYTES, at % CHUNK_BYTES);
-            while self.fill.len() <= i {
-                let c = self.chunk();
-                self.fill.push_back(c);
-            }
-            let n = (CHUNK_BYTES - off).min(bytes.len());
-            self.fill[i].as_bytes_mut()[off..off + n].copy_from_slice(&bytes[..n]);
-            bytes = &bytes[n..];
-            at += n;
         }
     }
 }
@@ -1459,3 +849,11 @@ async fn sync_dir(dir: &Path) -> Result<(), LogError> {
 
 mod read;
 mod recovery;
+mod roll;
+mod write;
+
+use roll::{roll_task, seal_active, wait_not_rolling};
+use write::{
+    close_dma, counted_write_file, flush_inner, flush_timer, kick_write, open_dma, touch_write_file,
+    write_file,
+};

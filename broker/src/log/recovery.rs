@@ -195,6 +195,7 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
         direct_io,
         direct_reads: options.direct_reads && direct_io,
         block,
+        admission: admit::Admission::default(),
         st: RefCell::new(State {
             closed,
             closed_bytes,

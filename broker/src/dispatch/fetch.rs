@@ -1,0 +1,235 @@
+//! Fetch with long polling: reads each partition on its owner, waits on
+//! the partitions' data notifications until `min_bytes` or `max_wait_ms`.
+
+use super::{response, DataChunk, Outgoing};
+use crate::partition::PartitionError;
+use crate::shard::{ShardContext, ShardOp, ShardReply};
+use bytes::Bytes;
+use flatbuffers::FlatBufferBuilder;
+use shardlog_schema::wire::{self, ApiKey, ErrorCode};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+/// One partition's part of a fetch response.
+struct FetchPart {
+    topic: String,
+    partition: u32,
+    offset: u64,
+    max_bytes: u32,
+    /// Rejected while decoding (negative offset): never read.
+    rejected: bool,
+    error: Option<PartitionError>,
+    high_watermark: i64,
+    log_start_offset: i64,
+    first_offset: i64,
+    last_offset: i64,
+    bytes: usize,
+    chunks: Vec<DataChunk>,
+}
+
+impl FetchPart {
+    fn reset(&mut self) {
+        self.error = None;
+        self.bytes = 0;
+        self.chunks.clear();
+        self.first_offset = -1;
+        self.last_offset = -1;
+    }
+}
+
+async fn read_part(ctx: &Rc<ShardContext>, part: &mut FetchPart, max_bytes: u32) {
+    part.reset();
+    if let Some(e) = ctx.check_partition(&part.topic, part.partition) {
+        part.error = Some(e);
+        return;
+    }
+    let owner = ctx.owner(&part.topic, part.partition);
+    if owner == ctx.id {
+        let p = match ctx.local(&part.topic, part.partition) {
+            Ok(p) => p,
+            Err(e) => {
+                part.error = Some(e);
+                return;
+            }
+        };
+        part.high_watermark = p.log.high_watermark().0 as i64;
+        part.log_start_offset = p.log.start_offset().0 as i64;
+        match p.read(part.offset, max_bytes as usize).await {
+            Ok(read) if read.is_empty() => {}
+            Ok(read) => {
+                part.first_offset = read.first_offset.0 as i64;
+                part.last_offset = read.last_offset.0 as i64;
+                part.bytes = read.bytes;
+                part.chunks = read.chunks.into_iter().map(DataChunk::Log).collect();
+            }
+            Err(e) => part.error = Some(e),
+        }
+        return;
+    }
+    crate::metrics::ShardMetrics::inc(&ctx.metrics.forwarded_requests);
+    let op = ShardOp::Fetch {
+        topic: part.topic.clone(),
+        partition: part.partition,
+        offset: part.offset,
+        max_bytes,
+    };
+    match ctx.call(owner, op).await {
+        ShardReply::Fetch(Ok(r)) => {
+            part.high_watermark = r.high_watermark;
+            part.log_start_offset = r.log_start_offset;
+            part.first_offset = r.first_offset;
+            part.last_offset = r.last_offset;
+            part.bytes = r.bytes.len();
+            if !r.bytes.is_empty() {
+                part.chunks.push(DataChunk::Bytes(Bytes::from(r.bytes)));
+            }
+        }
+        ShardReply::Fetch(Err((e, hw, lso))) => {
+            part.error = Some(e);
+            part.high_watermark = hw;
+            part.log_start_offset = lso;
+        }
+        _ => part.error = Some(PartitionError::new(ErrorCode::BrokerShuttingDown, "owner shard unavailable")),
+    }
+}
+
+pub(super) async fn fetch(ctx: &Rc<ShardContext>, corr: u32, req: wire::FetchRequest<'_>) -> Outgoing {
+    crate::metrics::ShardMetrics::inc(&ctx.metrics.fetch_requests);
+    let wait = Duration::from_millis(u64::from(req.max_wait_ms().min(ctx.config.limits.fetch_wait_ms_max)));
+    let deadline = Instant::now() + wait;
+    let (min_bytes, max_bytes) = (req.min_bytes() as usize, req.max_bytes());
+    let mut parts: Vec<FetchPart> = req
+        .partitions()
+        .map(|ps| {
+            ps.iter()
+                .map(|p| FetchPart {
+                    topic: p.topic().unwrap_or("").to_string(),
+                    partition: p.partition(),
+                    offset: p.fetch_offset().max(0) as u64,
+                    max_bytes: p.partition_max_bytes(),
+                    rejected: p.fetch_offset() < 0,
+                    error: (p.fetch_offset() < 0).then(|| {
+                        PartitionError::new(ErrorCode::OffsetOutOfRange, "fetch offset must not be negative")
+                    }),
+                    high_watermark: -1,
+                    log_start_offset: -1,
+                    first_offset: -1,
+                    last_offset: -1,
+                    bytes: 0,
+                    chunks: Vec::new(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    loop {
+        // Remember where the local partitions stood before reading, so data
+        // arriving between the read and the wait is never missed.
+        let generations: Vec<Option<(Rc<crate::partition::DataNotify>, u64)>> = parts
+            .iter()
+            .map(|p| ctx.partition(&p.topic, p.partition).map(|l| (l.data.clone(), l.data.generation())))
+            .collect();
+        let mut total = 0usize;
+        let mut any_error = false;
+        for part in &mut parts {
+            if part.rejected {
+                any_error = true;
+                continue;
+            }
+            let budget = max_bytes.saturating_sub(total as u32).min(part.max_bytes);
+            if budget == 0 {
+                part.reset();
+                continue;
+            }
+            read_part(ctx, part, budget).await;
+            total += part.bytes;
+            any_error |= part.error.is_some();
+        }
+        let now = Instant::now();
+        if total >= min_bytes || any_error || now >= deadline || ctx.shutting_down.get() {
+            return fetch_response(corr, parts);
+        }
+        wait_for_data(ctx, &parts, generations, deadline - now).await;
+    }
+}
+
+/// Waits until any partition of the fetch may have new data, or `timeout`.
+async fn wait_for_data(
+    ctx: &Rc<ShardContext>,
+    parts: &[FetchPart],
+    generations: Vec<Option<(Rc<crate::partition::DataNotify>, u64)>>,
+    timeout: Duration,
+) {
+    use futures_lite::future::FutureExt;
+    use std::future::Future;
+    use std::pin::Pin;
+    let mut waits: Vec<Pin<Box<dyn Future<Output = ()>>>> = Vec::new();
+    for (part, local) in parts.iter().zip(generations) {
+        if let Some((notify, seen)) = local {
+            waits.push(Box::pin(async move { notify.changed(seen).await }));
+        } else if ctx.check_partition(&part.topic, part.partition).is_none() {
+            let owner = ctx.owner(&part.topic, part.partition);
+            let op = ShardOp::WaitData {
+                topic: part.topic.clone(),
+                partition: part.partition,
+                offset: part.offset,
+                timeout,
+            };
+            let ctx = ctx.clone();
+            waits.push(Box::pin(async move {
+                ctx.call(owner, op).await;
+            }));
+        }
+    }
+    let any = futures_lite::future::poll_fn(move |cx| {
+        for w in &mut waits {
+            if w.as_mut().poll(cx).is_ready() {
+                return std::task::Poll::Ready(());
+            }
+        }
+        std::task::Poll::Pending
+    });
+    any.or(async {
+        glommio::timer::sleep(timeout).await;
+    })
+    .await;
+}
+
+fn fetch_response(corr: u32, parts: Vec<FetchPart>) -> Outgoing {
+    let mut fbb = FlatBufferBuilder::with_capacity(128 * parts.len() + 64);
+    let mut payload = 0u64;
+    let mut chunks = Vec::new();
+    let rs: Vec<_> = parts
+        .into_iter()
+        .map(|p| {
+            let topic = fbb.create_string(&p.topic);
+            let (error, msg) = match &p.error {
+                Some(e) => (e.code, Some(fbb.create_string(&e.message))),
+                None => (ErrorCode::None, None),
+            };
+            let bytes = if p.error.is_some() { 0 } else { p.bytes };
+            if p.error.is_none() {
+                chunks.extend(p.chunks);
+            }
+            payload += bytes as u64;
+            wire::FetchPartitionResponse::create(
+                &mut fbb,
+                &wire::FetchPartitionResponseArgs {
+                    topic: Some(topic),
+                    partition: p.partition,
+                    error,
+                    error_message: msg,
+                    high_watermark: p.high_watermark,
+                    log_start_offset: p.log_start_offset,
+                    first_offset: p.first_offset,
+                    last_offset: p.last_offset,
+                    bytes: bytes as u32,
+                },
+            )
+        })
+        .collect();
+    let rs = fbb.create_vector(&rs);
+    let body = wire::FetchResponse::create(&mut fbb, &wire::FetchResponseArgs { partitions: Some(rs) });
+    let header =
+        response(&mut fbb, corr, ApiKey::Fetch, wire::ResponseBody::FetchResponse, body, payload as u32);
+    Outgoing::Data { header, chunks }
+}
