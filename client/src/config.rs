@@ -92,7 +92,9 @@ pub struct ProducerConfig {
     pub buffer_bytes_max: usize,
     /// Produce requests outstanding per connection.
     pub max_in_flight: usize,
-    /// Retries of a retriable error (with metadata refresh) before a batch fails.
+    /// Retries of a retriable error (with metadata refresh) before a batch
+    /// fails. A retried batch may land after batches of its partition sent
+    /// later (see the producer's module docs on order).
     pub retries: u32,
     /// `None`: the default partitioner (FNV-1a key hash; sticky for keyless records).
     pub partitioner: Option<Arc<dyn Partitioner>>,

@@ -18,9 +18,22 @@
 //! ```
 //!
 //! `send` only waits for buffer space (`buffer_bytes_max`, counted in record
-//! bytes from `send` until the record's request completes). Records of one
-//! partition leave in `send` order; with `max_in_flight > 1` a retried batch
-//! may land after a later one (as in Kafka without idempotence).
+//! bytes from `send` until the record's request completes).
+//!
+//! **Order.** Records sent by one producer to one partition are appended in
+//! `send` order at any `max_in_flight`, `batch_bytes` and `linger_ms`, as
+//! long as no batch fails: batches of a partition are sealed into their
+//! sender's queue in `send` order whichever path seals them (full, linger
+//! over, a freed in-flight slot, flush), one sender task per connection
+//! writes its requests in that order, and the broker appends a
+//! connection's requests to each partition in arrival order. The exception,
+//! as in Kafka without idempotence: a batch that fails with a retriable
+//! error (a broker restart, a leader move) is sent again on its own after a
+//! backoff, and batches of that partition sent meanwhile may land before
+//! it (at any `max_in_flight`: the retry waits out its backoff while the
+//! sender goes on). The idempotent producer (replication issue) is meant
+//! to close this gap; until then, an application that needs order across
+//! failures sets `retries = 0` and resends failed records itself.
 
 mod accumulator;
 mod completion;
