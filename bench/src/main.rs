@@ -9,7 +9,8 @@
 //!
 //! Module map, in the order a run uses them: `workload` (TOML) → `broker`
 //! (spawn) → `runner` (client tasks, phases) built on `sched` (open/closed
-//! loop timing, ack collection) and `hist` (latency) → `env` (machine,
+//! loop timing, ack collection), `hist` (latency) and `order` (sequence
+//! numbers in the payload, checked by every consumer) → `env` (machine,
 //! /proc sampling) and `limits` → `report` (typed JSON, index) → `plot`,
 //! `summary` (SVG, Markdown).
 
@@ -17,6 +18,7 @@ mod broker;
 mod env;
 mod hist;
 mod limits;
+mod order;
 mod pacer;
 mod plot;
 mod report;

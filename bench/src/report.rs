@@ -13,6 +13,7 @@
 use crate::env::{Environment, ProcSample, ProcSummary};
 use crate::hist::LatencySummary;
 use crate::limits::Limits;
+use crate::order::OrderSummary;
 use crate::workload::Workload;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
@@ -38,6 +39,22 @@ pub struct Report {
     pub repetitions: Vec<RunResult>,
     pub aggregate: Aggregate,
     pub ratios: Ratios,
+    /// `Some(why)` when a repetition broke order (`crate::order`): the run's
+    /// figures are not a result. `None`: valid (or, in reports older than
+    /// the check, not checked: their repetitions have no `order`).
+    #[serde(default)]
+    pub invalid: Option<String>,
+}
+
+/// Why a run is invalid, if it is: every repetition with order violations.
+#[must_use]
+pub fn invalid_reason(runs: &[RunResult]) -> Option<String> {
+    let bad: Vec<String> = runs
+        .iter()
+        .filter_map(|r| r.order.filter(|o| o.violations > 0).map(|o| (r.repetition, o)))
+        .map(|(rep, o)| format!("repetition {rep}: {}", o.describe()))
+        .collect();
+    (!bad.is_empty()).then(|| bad.join("; "))
 }
 
 /// How the broker under test was run.
@@ -120,6 +137,9 @@ pub struct RunResult {
     pub load_generator: ProcSummary,
     /// Broker CPU seconds per GB published plus consumed.
     pub broker_cpu_s_per_gb: Option<f64>,
+    /// The consumers' order check; `None` only in reports older than it.
+    #[serde(default)]
+    pub order: Option<OrderSummary>,
 }
 
 /// min / median / max over repetitions.
@@ -166,6 +186,9 @@ pub struct Aggregate {
     pub broker_cpu_s_per_gb: Stat,
     /// Index of the repetition whose publish rate is the median (plots).
     pub median_repetition: usize,
+    /// Order violations summed over the repetitions; `None`: not checked.
+    #[serde(default)]
+    pub order_violations: Option<u64>,
 }
 
 impl Aggregate {
@@ -195,6 +218,7 @@ impl Aggregate {
             broker_rss_bytes_max: s(&|r| r.broker.rss_bytes_max as f64),
             broker_cpu_s_per_gb: s(&|r| r.broker_cpu_s_per_gb.unwrap_or(f64::NAN)),
             median_repetition: order.get(order.len() / 2).copied().unwrap_or(0),
+            order_violations: runs.iter().map(|r| r.order.map(|o| o.violations)).sum(),
         }
     }
 }
@@ -247,6 +271,12 @@ pub struct IndexLine {
     pub broker_rss_bytes_max: f64,
     pub ratios: Ratios,
     pub mode: String,
+    /// `None` in lines older than the order check.
+    #[serde(default)]
+    pub order_violations: Option<u64>,
+    /// The report says the run is not a result (order violations).
+    #[serde(default)]
+    pub invalid: bool,
 }
 
 impl Report {
@@ -294,6 +324,8 @@ impl Report {
             broker_rss_bytes_max: a.broker_rss_bytes_max.max,
             ratios: self.ratios,
             mode: self.repetitions.first().map(|r| r.mode.clone()).unwrap_or_default(),
+            order_violations: a.order_violations,
+            invalid: self.invalid.is_some(),
         }
     }
 
@@ -343,6 +375,9 @@ pub fn load_and_validate(path: &Path) -> anyhow::Result<Report> {
     anyhow::ensure!(r.schema_version == REPORT_SCHEMA_VERSION, "schema version {}", r.schema_version);
     anyhow::ensure!(!r.repetitions.is_empty(), "no repetitions");
     anyhow::ensure!(r.aggregate.repetitions as usize == r.repetitions.len(), "aggregate count");
+    if let Some(why) = &r.invalid {
+        anyhow::bail!("INVALID run: {why}");
+    }
     for run in &r.repetitions {
         anyhow::ensure!(run.publish.msgs > 0, "repetition {} published nothing", run.repetition);
         anyhow::ensure!(
@@ -352,6 +387,14 @@ pub fn load_and_validate(path: &Path) -> anyhow::Result<Report> {
             run.send_errors
         );
         anyhow::ensure!(run.publish_latency.count > 0, "no publish latency recorded");
+        if let Some(o) = &run.order {
+            anyhow::ensure!(
+                o.violations == 0,
+                "repetition {}: {} (the report does not say INVALID)",
+                run.repetition,
+                o.describe()
+            );
+        }
         let l = &run.publish_latency;
         anyhow::ensure!(
             l.p50_us <= l.p99_us && l.p99_us <= l.p999_us && l.p999_us <= l.max_us,
@@ -391,6 +434,7 @@ pub mod tests {
                 cpu_sys_s: 0.25,
             }],
             broker_cpu_s_per_gb: Some(1.5),
+            order: Some(OrderSummary { checked_records: (rate * 10.0) as u64, ..OrderSummary::default() }),
             ..RunResult::default()
         };
         let runs = vec![run(0, 1_000.0), run(1, 3_000.0), run(2, 2_000.0)];
@@ -410,7 +454,18 @@ pub mod tests {
             workload: toml::from_str("name = \"w\"\nmessage_size = 1024\n").unwrap(),
             repetitions: runs,
             aggregate,
+            invalid: None,
         }
+    }
+
+    /// The sample with one repetition that reordered two records.
+    pub fn invalid_sample_report() -> Report {
+        let mut r = sample_report();
+        let o = r.repetitions[1].order.as_mut().unwrap();
+        (o.decreases, o.violations) = (2, 2);
+        r.aggregate = Aggregate::of(&r.repetitions);
+        r.invalid = invalid_reason(&r.repetitions);
+        r
     }
 
     #[test]
@@ -423,6 +478,42 @@ pub mod tests {
         let p = dir.path().join("r.json");
         std::fs::write(&p, json).unwrap();
         load_and_validate(&p).unwrap();
+    }
+
+    #[test]
+    fn order_violations_make_the_report_invalid_and_fail_validation() {
+        let good = sample_report();
+        assert_eq!(good.aggregate.order_violations, Some(0));
+        assert_eq!(good.invalid, None);
+        let r = invalid_sample_report();
+        assert_eq!(r.aggregate.order_violations, Some(2));
+        let why = r.invalid.clone().unwrap();
+        assert!(why.starts_with("repetition 1: 2 order violations (2 decreases"), "{why}");
+        let line = r.index_line("x.json");
+        assert_eq!((line.order_violations, line.invalid), (Some(2), true));
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.json");
+        std::fs::write(&p, serde_json::to_string(&r).unwrap()).unwrap();
+        let err = load_and_validate(&p).unwrap_err().to_string();
+        assert!(err.contains("INVALID") && err.contains("2 order violations"), "{err}");
+    }
+
+    #[test]
+    fn reports_and_index_lines_from_before_the_order_check_still_parse() {
+        let mut v = serde_json::to_value(sample_report()).unwrap();
+        v.as_object_mut().unwrap().remove("invalid");
+        v["aggregate"].as_object_mut().unwrap().remove("order_violations");
+        for run in v["repetitions"].as_array_mut().unwrap() {
+            run.as_object_mut().unwrap().remove("order");
+        }
+        let old: Report = serde_json::from_value(v).unwrap();
+        assert_eq!((old.invalid, old.aggregate.order_violations), (None, None));
+        assert_eq!(Aggregate::of(&old.repetitions).order_violations, None, "not checked, not 0");
+        let mut line = serde_json::to_value(sample_report().index_line("x.json")).unwrap();
+        line.as_object_mut().unwrap().remove("order_violations");
+        line.as_object_mut().unwrap().remove("invalid");
+        let old: IndexLine = serde_json::from_value(line).unwrap();
+        assert_eq!((old.order_violations, old.invalid), (None, false));
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::broker::{self, Broker, SpawnOptions};
 use crate::env::{self, Environment, ProcSample};
 use crate::hist::LatencyHist;
 use crate::limits::Limits;
+use crate::order::{self, FailedSend, FailedSends, OrderChecker, OrderSummary, SeqScope, Sequencer};
 use crate::report::{
     Aggregate, BacklogResult, BrokerInfo, LoadGenInfo, Ratios, Report, RunResult, Series, Throughput,
     REPORT_SCHEMA_VERSION,
@@ -27,13 +28,14 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use shardlog_client::{
-    Acks, Admin, ClientConfig, Consumer, ConsumerConfig, Producer, ProducerConfig, ProducerRecord, SeekTo,
+    Acks, Admin, ClientConfig, Consumer, ConsumerConfig, DefaultPartitioner, Producer, ProducerConfig,
+    ProducerRecord, SeekTo,
 };
 use std::future::Future;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -94,6 +96,7 @@ pub fn run_all(args: &RunArgs) -> anyhow::Result<()> {
         l
     };
     let lg = LoadGenInfo { cpus: args.bench_cpus.clone(), threads };
+    let mut invalid = Vec::new();
     for w in &workloads {
         let report = run_workload(&rt, args, w, limits.clone(), &lg, &data_parent)
             .with_context(|| format!("workload {}", w.name))?;
@@ -110,9 +113,26 @@ pub fn run_all(args: &RunArgs) -> anyhow::Result<()> {
             a.e2e_p99_us.median,
             path.display()
         );
+        match &report.invalid {
+            Some(why) => {
+                println!("{}: INVALID, not a result: {why}", w.name);
+                invalid.push(w.name.clone());
+            }
+            None => {
+                println!("{}: order checked: {} order violations", w.name, a.order_violations.unwrap_or(0))
+            }
+        }
     }
     if !args.no_readme {
         crate::update_readme(&args.out)?;
+    }
+    if !invalid.is_empty() {
+        bail!(
+            "{} of {} workloads INVALID (order violations; a fast run that reorders is not a result): {}",
+            invalid.len(),
+            workloads.len(),
+            invalid.join(", ")
+        );
     }
     Ok(())
 }
@@ -202,6 +222,7 @@ fn run_workload(
     let environment = Environment::collect(&crate::repo_dir(), &env_dir);
     let aggregate = Aggregate::of(&runs);
     Ok(Report {
+        invalid: crate::report::invalid_reason(&runs),
         schema_version: REPORT_SCHEMA_VERSION,
         tool: format!("shardlog-bench {}", env!("CARGO_PKG_VERSION")),
         started_at_unix_s: started,
@@ -230,6 +251,11 @@ struct Run {
     bootstrap: String,
     topics: Vec<String>,
     clock: Clock,
+    /// Next order stream id (one per producer instance, every phase).
+    next_stream: AtomicU32,
+    /// Records whose send failed, to excuse their gaps in the order check.
+    /// Locked only when a send fails.
+    failed: Arc<Mutex<Vec<FailedSend>>>,
 }
 
 async fn run_once(
@@ -241,7 +267,14 @@ async fn run_once(
     let nonce = rand::thread_rng().next_u32();
     let topics: Vec<String> =
         (0..w.topics).map(|t| format!("bench-{}-{rep}-{t}-{nonce:08x}", w.name)).collect();
-    let run = Arc::new(Run { w: w.clone(), bootstrap: bootstrap.to_owned(), topics, clock: Clock::new() });
+    let run = Arc::new(Run {
+        w: w.clone(),
+        bootstrap: bootstrap.to_owned(),
+        topics,
+        clock: Clock::new(),
+        next_stream: AtomicU32::new(0),
+        failed: Arc::default(),
+    });
     create_topics(&run).await?;
     let mut result = RunResult { repetition: rep, ..RunResult::default() };
     let sampler = Sampler::start(broker_pid);
@@ -422,7 +455,9 @@ async fn measured(run: &Arc<Run>, target: Option<f64>, result: &mut RunResult) -
     let start = Instant::now() + Duration::from_millis(50);
     let counters = Arc::new(Counters::new(start));
     let measure_from_ns = run.clock.ns(start + Duration::from_secs(w.warmup_s));
-    let consumer_tasks = spawn_consumers(consumers, &counters, &stop, measure_from_ns, true);
+    // Assigned at the (empty) log end before any producer of this phase exists: from the start.
+    let check = (SeqScope::of(w), true);
+    let consumer_tasks = spawn_consumers(consumers, &counters, &stop, measure_from_ns, true, check);
     let schedule = match target {
         Some(rate_per_s) => Schedule::OpenLoop { start, rate_per_s },
         None => Schedule::ClosedLoop,
@@ -439,8 +474,9 @@ async fn measured(run: &Arc<Run>, target: Option<f64>, result: &mut RunResult) -
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     stop.store(true, Ordering::Relaxed);
-    let e2e = join_consumers(consumer_tasks).await?;
+    let (e2e, order) = join_consumers(consumer_tasks, &failed_sends(run)).await?;
     progress.finish();
+    result.order = Some(order);
     fill(result, w, &counters, w.warmup_s, w.duration_s);
     result.publish_latency = phase.publish.summary();
     result.e2e_latency = e2e.summary();
@@ -480,15 +516,18 @@ async fn backlog(run: &Arc<Run>, result: &mut RunResult) -> anyhow::Result<Windo
     let start = Instant::now();
     let counters = Arc::new(Counters::new(start));
     let progress = Progress::start("drain", secs_max, counters.clone());
-    let tasks = spawn_consumers(consumers, &counters, &stop, u64::MAX, false);
+    // Spread consumers start in the middle of each log.
+    let check = (SeqScope::of(w), w.consumer_start == ConsumerStart::Earliest);
+    let tasks = spawn_consumers(consumers, &counters, &stop, u64::MAX, false, check);
     let deadline = start + Duration::from_secs(secs_max);
     while Counters::total(&counters.recv_msgs) < expected && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let drain_s = start.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
-    join_consumers(tasks).await?;
+    let (_, order) = join_consumers(tasks, &failed_sends(run)).await?;
     progress.finish();
+    result.order = Some(order);
     let received = Counters::total(&counters.recv_msgs);
     anyhow::ensure!(received >= expected, "drain: received {received} of {expected} within {secs_max} s");
     let msg = w.message_size as u64;
@@ -560,6 +599,8 @@ struct ClientSender {
     rng: StdRng,
     /// First partition of this producer for `PartitionRoundRobin`.
     offset: u32,
+    seq: Sequencer,
+    failed: Arc<Mutex<Vec<FailedSend>>>,
 }
 
 impl ClientSender {
@@ -581,6 +622,12 @@ impl ClientSender {
         let producer = Producer::new(cfg).await.context("create producer")?;
         let template = payload_template(w, index)?;
         let key_pool = (0..w.key_count).map(|k| Bytes::from(format!("key-{k}"))).collect();
+        let stream = run.next_stream.fetch_add(1, Ordering::Relaxed);
+        anyhow::ensure!(
+            stream < order::STREAMS_MAX,
+            "more than {} producers in one repetition",
+            order::STREAMS_MAX
+        );
         Ok(ClientSender {
             producer,
             topic: topic.to_owned(),
@@ -591,17 +638,21 @@ impl ClientSender {
             key_pool,
             rng: StdRng::seed_from_u64(index as u64),
             offset: (index as u32).wrapping_mul(7919),
+            seq: Sequencer::new(stream as u16, SeqScope::of(w), w.partitions_per_topic),
+            failed: run.failed.clone(),
         })
     }
 
-    /// The payload: the template with the send timestamp in its first 8 bytes.
-    fn payload(&mut self, intended_ns: u64) -> Bytes {
+    /// The payload: the template with the send timestamp in its first 8
+    /// bytes and the order word in the next 8 (`crate::order`).
+    fn payload(&mut self, intended_ns: u64, seq: u64) -> Bytes {
         let n = self.template.len();
         if self.chunk.capacity() < n {
             self.chunk = BytesMut::with_capacity(PAYLOAD_CHUNK_BYTES.max(n));
         }
         self.chunk.extend_from_slice(&intended_ns.to_le_bytes());
-        self.chunk.extend_from_slice(&self.template[8..]);
+        self.chunk.extend_from_slice(&order::encode(self.seq.stream(), seq));
+        self.chunk.extend_from_slice(&self.template[order::ORDER_PAYLOAD_BYTES_MIN..]);
         self.chunk.split_to(n).freeze()
     }
 }
@@ -616,8 +667,6 @@ impl Sender for ClientSender {
         seq: u64,
         intended_ns: u64,
     ) -> impl Future<Output = anyhow::Result<(BoxAck, u64)>> + Send {
-        let value = self.payload(intended_ns);
-        let bytes = value.len() as u64;
         let (key, partition) = match self.keys {
             KeyDistribution::None => (None, None),
             KeyDistribution::Random => {
@@ -630,6 +679,15 @@ impl Sender for ClientSender {
                 (None, Some(((seq + u64::from(self.offset)) % u64::from(self.partitions)) as u32))
             }
         };
+        // The partition the client will choose, where the harness can know it.
+        let known = partition
+            .or_else(|| key.as_ref().map(|k| DefaultPartitioner::for_key(k, self.partitions)))
+            .or((self.partitions == 1).then_some(0));
+        let record_seq = self.seq.next(known);
+        let value = self.payload(intended_ns, record_seq);
+        let bytes = value.len() as u64;
+        let id = (self.seq.stream(), known.unwrap_or(u32::MAX), record_seq);
+        let failed = self.failed.clone();
         let record = ProducerRecord {
             topic: self.topic.clone(),
             partition,
@@ -642,7 +700,10 @@ impl Sender for ClientSender {
         async move {
             let delivery = producer.send(record).await.context("send")?;
             let ack: BoxAck = Box::pin(async move {
-                delivery.await.context("delivery")?;
+                if let Err(e) = delivery.await {
+                    failed.lock().expect("failed-send list lock").push(id);
+                    return Err(e).context("delivery");
+                }
                 Ok(())
             });
             Ok((ack, bytes))
@@ -742,19 +803,26 @@ async fn spread(run: &Run, consumers: Vec<(Consumer, u32)>) -> anyhow::Result<Ve
     Ok(out)
 }
 
+/// What a consumer task hands back: its latencies and its order check.
+type ConsumerTask = tokio::task::JoinHandle<anyhow::Result<(LatencyHist, OrderChecker)>>;
+
+/// `check`: the sequence scope and whether the consumers read from before
+/// the first record of every stream (see `OrderChecker::new`).
 fn spawn_consumers(
     consumers: Vec<(Consumer, Bounds)>,
     counters: &Arc<Counters>,
     stop: &Arc<AtomicBool>,
     measure_from_ns: u64,
     e2e: bool,
-) -> Vec<tokio::task::JoinHandle<anyhow::Result<LatencyHist>>> {
+    check: (SeqScope, bool),
+) -> Vec<ConsumerTask> {
     consumers
         .into_iter()
         .map(|(mut c, bounds)| {
             let (counters, stop) = (counters.clone(), stop.clone());
             tokio::spawn(async move {
                 let mut hist = LatencyHist::new();
+                let mut order = OrderChecker::new(check.0, check.1);
                 let past_bound = |r: &shardlog_client::ConsumerRecord| {
                     bounds.iter().any(|(t, p, to)| r.partition == *p && r.offset >= *to && *r.topic == **t)
                 };
@@ -768,6 +836,7 @@ fn spawn_consumers(
                         }
                         msgs += 1;
                         bytes += r.value.len() as u64;
+                        order.check(r.partition, &r.value);
                         if e2e && r.value.len() >= 8 {
                             let sent = u64::from_le_bytes(r.value[..8].try_into().expect("8 bytes"));
                             if sent >= measure_from_ns {
@@ -784,20 +853,31 @@ fn spawn_consumers(
                         break;
                     }
                 }
-                Ok(hist)
+                Ok((hist, order))
             })
         })
         .collect()
 }
 
 async fn join_consumers(
-    tasks: Vec<tokio::task::JoinHandle<anyhow::Result<LatencyHist>>>,
-) -> anyhow::Result<LatencyHist> {
+    tasks: Vec<ConsumerTask>,
+    failed: &FailedSends,
+) -> anyhow::Result<(LatencyHist, OrderSummary)> {
     let mut all = LatencyHist::new();
+    let mut order: Option<OrderSummary> = None;
     for t in tasks {
-        all.merge(&t.await.context("consumer task")??);
+        let (hist, checker) = t.await.context("consumer task")??;
+        all.merge(&hist);
+        let o = checker.finish(failed);
+        order.get_or_insert(OrderSummary { scope: o.scope, ..OrderSummary::default() }).add(&o);
     }
-    Ok(all)
+    Ok((all, order.unwrap_or_default()))
+}
+
+/// The sends of this repetition that failed so far.
+fn failed_sends(run: &Run) -> FailedSends {
+    let failed = run.failed.lock().expect("failed-send list lock");
+    FailedSends::new(failed.iter().copied(), run.w.acks == 0)
 }
 
 /// Live rates on a progress bar (hidden when stderr is not a terminal).

@@ -25,6 +25,13 @@ pub fn report_markdown(r: &Report, plots: &PlotFiles) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "# {} ({}{})\n", r.workload.name, r.date, if r.quick { ", quick" } else { "" });
     let _ = writeln!(md, "{}\n", r.workload.description);
+    if let Some(why) = &r.invalid {
+        let _ = writeln!(
+            md,
+            "**INVALID: records reached a partition out of order; a fast run that reorders is not \
+             a result.** {why}\n"
+        );
+    }
     let _ = writeln!(
         md,
         "git `{}`{} · {} build · {} · {} cores · kernel {} · disk {} {} on {}\n",
@@ -76,6 +83,31 @@ pub fn report_markdown(r: &Report, plots: &PlotFiles) -> String {
     if let Some(d) = &a.drain_mb_per_s {
         let _ = writeln!(md, "| backlog drain MB/s | {} |", mmm(d, 1.0, 1));
     }
+    let _ = writeln!(
+        md,
+        "| order violations (sum) | {} |",
+        a.order_violations.map_or_else(|| "not checked".into(), |v| v.to_string())
+    );
+    let _ = writeln!(md, "\n## Order check\n");
+    for run in &r.repetitions {
+        match &run.order {
+            Some(o) => {
+                let _ = writeln!(
+                    md,
+                    "- repetition {}: {}; {} gap records excused (send failed or acks = 0), \
+                     {} not judged (gap bound), {} payloads too short to check",
+                    run.repetition,
+                    o.describe(),
+                    o.gap_records_failed,
+                    o.gap_records_untracked,
+                    o.unchecked_records
+                );
+            }
+            None => {
+                let _ = writeln!(md, "- repetition {}: not checked", run.repetition);
+            }
+        }
+    }
     let _ = writeln!(md, "\n## Against the machine's limits (measured {})\n", limits_when(r));
     if let Some(l) = &r.limits {
         let _ = writeln!(
@@ -123,15 +155,27 @@ pub fn readme_table(lines: &[IndexLine], standard: &[String]) -> String {
     let _ = writeln!(
         t,
         "| workload | run | mode | publish msgs/s | publish MB/s | consume MB/s | publish p99 / p99.9 (us) \
-         | e2e p99 / p99.9 (us) | publish / disk write | consume / disk read | consume / loopback | report |"
+         | e2e p99 / p99.9 (us) | publish / disk write | consume / disk read | consume / loopback \
+         | order violations | report |"
     );
-    let _ = writeln!(t, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(t, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for w in standard {
         let latest = |quick: bool| lines.iter().rev().find(|l| &l.workload == w && l.quick == quick);
         let Some(l) = latest(false).or_else(|| latest(true)) else {
-            let _ = writeln!(t, "| {w} | not run yet | | | | | | | | | | |");
+            let _ = writeln!(t, "| {w} | not run yet | | | | | | | | | | | |");
             continue;
         };
+        let order = l.order_violations.map_or_else(|| "-".into(), |v| v.to_string());
+        let run = format!("{} `{}`{}", l.date, l.git_sha, if l.quick { " quick" } else { "" });
+        if l.invalid {
+            // Not a result: the figures are withheld, the evidence is linked.
+            let _ = writeln!(
+                t,
+                "| {w} | {run} | {} | INVALID | | | | | | | | {order} | [json]({}) |",
+                l.mode, l.report
+            );
+            continue;
+        }
         let consume = match l.drain_mb_per_s {
             Some(d) => format!("{:.1} (drain {d:.1})", l.consume_mb_per_s),
             None => format!("{:.1}", l.consume_mb_per_s),
@@ -139,10 +183,7 @@ pub fn readme_table(lines: &[IndexLine], standard: &[String]) -> String {
         let consume_ratio = l.ratios.drain_vs_disk_read.or(l.ratios.consume_vs_disk_read);
         let _ = writeln!(
             t,
-            "| {w} | {} `{}`{} | {} | {:.0} | {:.1} | {consume} | {:.0} / {:.0} | {:.0} / {:.0} | {} | {} | {} | [json]({}) |",
-            l.date,
-            l.git_sha,
-            if l.quick { " quick" } else { "" },
+            "| {w} | {run} | {} | {:.0} | {:.1} | {consume} | {:.0} / {:.0} | {:.0} / {:.0} | {} | {} | {} | {order} | [json]({}) |",
             l.mode,
             l.publish_msgs_per_s,
             l.publish_mb_per_s,
@@ -185,5 +226,26 @@ mod tests {
         let twice = splice_readme(&format!("{once}\n## Targets\nhand text\n"), &table);
         assert_eq!(twice.matches(BEGIN).count(), 1);
         assert!(twice.contains("intro") && twice.contains("hand text"));
+    }
+
+    #[test]
+    fn order_violations_show_in_the_summary_and_withhold_the_figures() {
+        let plots = PlotFiles::default();
+        let good = report_markdown(&crate::report::tests::sample_report(), &plots);
+        assert!(good.contains("| order violations (sum) | 0 |"), "{good}");
+        assert!(good.contains("- repetition 0: 0 order violations") && !good.contains("INVALID"));
+        let r = crate::report::tests::invalid_sample_report();
+        let bad = report_markdown(&r, &plots);
+        assert!(bad.contains("**INVALID") && bad.contains("| order violations (sum) | 2 |"), "{bad}");
+        assert!(bad.contains("- repetition 1: 2 order violations (2 decreases"));
+        let standard = vec!["w".to_owned()];
+        let ok = readme_table(&[crate::report::tests::sample_report().index_line("a.json")], &standard);
+        assert!(ok.contains(" | 0 | [json](a.json) |"), "{ok}");
+        let table = readme_table(&[r.index_line("b.json")], &standard);
+        assert!(table.contains("| INVALID |") && table.contains(" | 2 | [json](b.json) |"), "{table}");
+        assert!(!table.contains("2000"), "an invalid run's rate is not shown: {table}");
+        let mut old = r.index_line("c.json");
+        (old.order_violations, old.invalid) = (None, false);
+        assert!(readme_table(&[old], &standard).contains(" | - | [json](c.json) |"));
     }
 }

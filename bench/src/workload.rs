@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// Smallest message: the payload carries the 8-byte send timestamp.
+/// Smallest message: the payload carries the 8-byte send timestamp and the
+/// 8-byte order word (stream id, sequence number; see `crate::order`).
 pub const MESSAGE_BYTES_MIN: usize = 16;
 pub const MESSAGE_BYTES_MAX: usize = 1 << 20;
 pub const PARTITIONS_PER_TOPIC_MAX: u32 = 100_000;

@@ -75,6 +75,13 @@ fn smoke_workload_against_a_spawned_broker_writes_a_valid_report() {
     let acked: u64 =
         run["series"]["acked_msgs"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).sum();
     assert_eq!(recv, acked, "the consumer received every acknowledged message");
+    // Order is checked on every received record: keyless over 2 partitions
+    // numbers per producer.
+    let order = &run["order"];
+    assert_eq!(order["scope"], "per-producer");
+    assert_eq!(order["checked_records"].as_u64().unwrap(), recv, "every received record checked");
+    assert_eq!(order["violations"], 0, "order: {order}");
+    assert!(r["invalid"].is_null(), "a run without violations is valid");
     assert!(!run["broker_samples"].as_array().unwrap().is_empty(), "broker /proc was sampled");
     assert!(run["broker"]["rss_bytes_max"].as_u64().unwrap() > 1 << 20);
 
