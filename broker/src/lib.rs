@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod dispatch;
+pub mod fault;
 pub mod io;
 pub mod log;
 pub mod metrics;

@@ -1,18 +1,21 @@
 //! Produce requests pipelined on one connection reach each partition's log
-//! in the order they were sent, whatever their sizes: large requests make
-//! the log apply back-pressure (more than 32 MiB not yet written) while the
-//! small ones behind them would still fit. Over the owner's port, over the
+//! in the order they were sent, whatever their sizes: with writes slowed by
+//! an injected delay, large requests make the log apply back-pressure (more
+//! than 32 MiB not yet written) while the small ones behind them would
+//! still fit. Over the owner's port, over the
 //! public port (parts owned by the other shard cross the mesh), and with
 //! several partitions in one request.
 
 mod wire_support;
 
+use shardlog_broker::fault::{self, Fault, FaultPoint};
 use shardlog_broker::BrokerHandle;
 use shardlog_schema::batch::BatchBuilder;
 use shardlog_schema::types::shard_for;
 use shardlog_schema::wire::ErrorCode;
 use shardlog_schema::PartitionId;
 use std::collections::HashMap;
+use std::time::Duration;
 use wire_support::{broker, values, Conn};
 
 const TOPIC: &str = "ordered";
@@ -71,9 +74,14 @@ fn check_order(conn: &mut Conn, partition: u32, expected: u64) {
 }
 
 /// Pipelines `requests` produce requests of mixed sizes on one connection
-/// (`parts_per_request` partitions each), then checks every partition.
+/// (`parts_per_request` partitions in every other one), then checks every
+/// partition.
 fn pipelined_mixed_sizes(port_of: impl Fn(&BrokerHandle) -> u16, parts_per_request: u32) {
     let dir = tempfile::tempdir().expect("tempdir");
+    // Slow writes (each O_DIRECT write of at most 1 MiB waits 15 ms), so the
+    // large requests pile up unwritten and the log applies back-pressure.
+    let slow = dir.path().to_string_lossy().to_string();
+    fault::arm(FaultPoint::AppendWrite, &slow, Fault::Delay(Duration::from_millis(15)));
     let handle = broker(dir.path(), 2);
     let mut conn = Conn::open(port_of(&handle));
     assert_eq!(conn.create_topic(TOPIC, PARTITIONS), ErrorCode::None);
@@ -85,7 +93,9 @@ fn pipelined_mixed_sizes(port_of: impl Fn(&BrokerHandle) -> u16, parts_per_reque
         .map(|i| {
             let (records, value_bytes) = size_of_request(i);
             let first = (i / 6) as u32 % PARTITIONS;
-            (0..parts_per_request)
+            // Multi-partition requests alternate with single-partition ones.
+            let parts = if i % 2 == 0 { parts_per_request } else { 1 };
+            (0..parts)
                 .map(|k| {
                     let partition = (first + k) % PARTITIONS;
                     (partition, seq.batch(partition, records, value_bytes))
@@ -108,6 +118,7 @@ fn pipelined_mixed_sizes(port_of: impl Fn(&BrokerHandle) -> u16, parts_per_reque
     for p in 0..PARTITIONS {
         check_order(&mut conn, p, seq.next.get(&p).copied().unwrap_or(0));
     }
+    fault::disarm(&slow);
     handle.shutdown().expect("clean shutdown");
 }
 

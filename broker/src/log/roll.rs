@@ -31,6 +31,9 @@ pub(super) async fn roll_task(sh: Rc<Shared>) {
 
 /// Seals the active segment and starts a new one at the next offset.
 pub(super) async fn roll(sh: &Rc<Shared>) -> Result<(), LogError> {
+    crate::fault::hit(crate::fault::FaultPoint::SegmentRoll, &sh.dir)
+        .await
+        .map_err(|e| LogError::io("rolling segment", &sh.dir, e))?;
     flush_inner(sh).await?;
     let base = sh.st.borrow().active.base;
     let file = write_file(sh, base).await?;

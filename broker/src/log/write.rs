@@ -4,6 +4,7 @@
 //! docs of `log` for the positions and the group commit.
 
 use super::*;
+use crate::fault::FaultPoint;
 
 impl State {
     /// Copies and stamps the batches into the fill buffer, assigns offsets
@@ -328,6 +329,9 @@ pub(super) async fn run_write(sh: &Rc<Shared>, job: &WriteJob) -> Result<(), Log
             }
         }
     }
+    crate::fault::hit(FaultPoint::AppendWrite, &job.path)
+        .await
+        .map_err(|e| LogError::io("writing segment", &job.path, e))?;
     let len = job.buf.len();
     let n = file
         .write_rc_at(job.buf.clone(), job.pos)
@@ -360,7 +364,10 @@ pub(super) async fn sync_task(sh: Rc<Shared>) {
             (a.base, a.path.clone(), a.written_pos, a.written_next)
         };
         let result = match write_file(&sh, base).await {
-            Ok(file) => file.fdatasync().await.map_err(|e| LogError::glommio("fdatasync", &path, e)),
+            Ok(file) => match crate::fault::hit(FaultPoint::Fdatasync, &path).await {
+                Ok(()) => file.fdatasync().await.map_err(|e| LogError::glommio("fdatasync", &path, e)),
+                Err(e) => Err(LogError::io("fdatasync", &path, e)),
+            },
             Err(e) => Err(e),
         };
         {
