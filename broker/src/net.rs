@@ -55,28 +55,8 @@ pub async fn accept_loop(ctx: Rc<ShardContext>, listener: TcpListener, name: &'s
     let mut failures = AcceptFailures::default();
     let mut refused = LogThrottle::default();
     loop {
-        let stream = match listener.accept().await {
-            Ok(s) => {
-                if let Some(count) = failures.recovered() {
-                    tracing::info!(listener = name, shard = %ctx.id, failures = count, "accepting again");
-                }
-                s
-            }
-            Err(e) => {
-                if ctx.shutting_down.get() {
-                    return;
-                }
-                // Out of file descriptors (EMFILE/ENFILE) or memory, accept
-                // fails again at once: back off, and say so once per
-                // interval rather than once per attempt.
-                let (pause, report) = failures.failed(Instant::now());
-                if let Some(suppressed) = report {
-                    tracing::warn!(listener = name, shard = %ctx.id, error = %e, suppressed,
-                        retry_in_ms = pause.as_millis() as u64, "accept failed");
-                }
-                glommio::timer::sleep(pause).await;
-                continue;
-            }
+        let Some(stream) = accept_next(&ctx, &listener, name, &mut failures).await else {
+            return;
         };
         if ctx.shutting_down.get() {
             return;
@@ -98,6 +78,40 @@ pub async fn accept_loop(ctx: Rc<ShardContext>, listener: TcpListener, name: &'s
             ctx.connections.set(ctx.connections.get() - 1);
         })
         .detach();
+    }
+}
+
+/// Accepts the next connection on `listener`; `None` once the shard is
+/// shutting down. Every listener of the broker (public, shard, admin) accepts
+/// through this. Out of file descriptors (EMFILE/ENFILE) or memory, accept
+/// fails again at once: it backs off (see [`AcceptFailures`]) and says so
+/// once per interval rather than once per attempt.
+pub(crate) async fn accept_next(
+    ctx: &ShardContext,
+    listener: &TcpListener,
+    name: &'static str,
+    failures: &mut AcceptFailures,
+) -> Option<TcpStream> {
+    loop {
+        match listener.accept().await {
+            Ok(s) => {
+                if let Some(count) = failures.recovered() {
+                    tracing::info!(listener = name, shard = %ctx.id, failures = count, "accepting again");
+                }
+                return Some(s);
+            }
+            Err(e) => {
+                if ctx.shutting_down.get() {
+                    return None;
+                }
+                let (pause, report) = failures.failed(Instant::now());
+                if let Some(suppressed) = report {
+                    tracing::warn!(listener = name, shard = %ctx.id, error = %e, suppressed,
+                        retry_in_ms = pause.as_millis() as u64, "accept failed");
+                }
+                glommio::timer::sleep(pause).await;
+            }
+        }
     }
 }
 
@@ -131,7 +145,7 @@ impl LogThrottle {
 /// Back-off for a failing `accept`: 10 ms doubling to 1 s, reset by the
 /// next success.
 #[derive(Debug, Default)]
-struct AcceptFailures {
+pub(crate) struct AcceptFailures {
     consecutive: u64,
     log: LogThrottle,
 }
