@@ -273,3 +273,28 @@ fn log_dump_prints_the_batches_of_a_segment() {
     let out = broker.ok(&["log", "dump", segment.to_str().expect("utf8"), "--records"], "");
     assert!(out.contains("first") && out.contains("second"), "{out}");
 }
+
+/// The case: `--admin-listen` on shard 0's port (the public port + 1)
+/// must not start a broker whose clients then time out.
+#[test]
+fn serve_refuses_colliding_ports_and_names_both_uses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let (listen, admin) = (format!("127.0.0.1:{port}"), format!("127.0.0.1:{}", port + 1));
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", &listen, "--admin-listen", &admin, "--shards", "2", "--no-pin-cores"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .env_remove("SHARDLOG_CONFIG")
+        .output()
+        .expect("run shardlog serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "serve started: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(out.stdout.is_empty(), "no ready line: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        stderr.contains(&format!("port {} is wanted twice", port + 1))
+            && stderr.contains("shard 0's port (public port + 1)")
+            && stderr.contains("the admin listener (--admin-listen)"),
+        "{stderr}"
+    );
+}
