@@ -232,8 +232,10 @@ pub struct BrokerConfig {
     pub data_dir: PathBuf,
     /// The public address all shards accept on (SO_REUSEPORT). Port 0 picks one.
     pub listen: SocketAddr,
-    /// First per-shard port; shard `i` listens on `base + i`. `None`: the
-    /// public port + 1 when it is fixed, ephemeral ports when it is 0.
+    /// First per-shard port; shard `i` listens on `base + i`. `None` (or 0):
+    /// the public port + 1 + i when it is fixed, ephemeral ports when it is
+    /// 0. Start-up fails if any of these ports collides with another use
+    /// (`BrokerError::PortCollision`) or is in use (`PortInUse`).
     pub shard_port_base: Option<u16>,
     /// Host name put in metadata; defaults to the listen IP.
     pub advertised_host: Option<String>,

@@ -45,18 +45,27 @@ pub enum BrokerError {
     },
     #[error(transparent)]
     Topics(#[from] topics::TopicsError),
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr} for {wanted_for}: {source}")]
     Listen {
         addr: SocketAddr,
+        wanted_for: net::PortUse,
         #[source]
         source: std::io::Error,
     },
+    /// Two uses of the broker ask for the same port.
+    #[error("port {port} is wanted twice: by {first} and by {second}; give one of them another port")]
+    PortCollision { port: u16, first: net::PortUse, second: net::PortUse },
+    /// Another socket (another process, or another broker) listens there.
+    #[error(
+        "cannot listen on {addr} for {wanted_for}: port {} is already in use by {}",
+        addr.port(),
+        holder.as_deref().unwrap_or("another socket on this host")
+    )]
+    PortInUse { addr: SocketAddr, wanted_for: net::PortUse, holder: Option<String> },
     #[error("shard {shard} failed to start: {message}")]
     Shard { shard: usize, message: String },
     #[error("cannot start shard thread: {0}")]
     Thread(String),
-    #[error("port {port} was taken while the broker started: {message}")]
-    PortTaken { port: u16, message: String },
     #[error("cannot install signal handlers: {0}")]
     Signals(#[source] std::io::Error),
 }
@@ -150,51 +159,17 @@ fn check_config(config: &BrokerConfig) -> Result<(), BrokerError> {
     Ok(())
 }
 
-/// Binds the public address with SO_REUSEPORT but never listens on it: it
-/// only reserves the port (resolving port 0) until the shards have bound
-/// their own listeners to it. TCP lookups only consider listening sockets.
-fn reserve_public_port(addr: SocketAddr) -> Result<(socket2::Socket, SocketAddr), BrokerError> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let err = |source| BrokerError::Listen { addr, source };
-    let domain = if addr.is_ipv6() { Domain::IPV6 } else { Domain::IPV4 };
-    let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP)).map_err(err)?;
-    socket.set_reuse_address(true).map_err(err)?;
-    socket.set_reuse_port(true).map_err(err)?;
-    socket.bind(&addr.into()).map_err(err)?;
-    let bound = socket.local_addr().map_err(err)?.as_socket().ok_or_else(|| BrokerError::Listen {
-        addr,
-        source: std::io::Error::other("not an IP socket address"),
-    })?;
-    Ok((socket, bound))
-}
-
 enum Startup {
-    Bound { shard: usize, port: u16 },
-    Serving { admin: Option<SocketAddr> },
+    Serving,
     Failed { shard: usize, message: String },
 }
 
 /// Starts a broker and returns once every shard serves.
+///
+/// Every port (public, one per shard, admin) is bound by this thread before
+/// any shard starts (`net::bind_ports`): two uses asking for one port, or a
+/// port another process listens on, fail here with an error naming both.
 pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
-    // With ephemeral ports (port 0), another socket can take a chosen port
-    // between the reservation and the shards' binds; pick new ports then.
-    let mut attempts = 0;
-    loop {
-        match start_once(config.clone()) {
-            Err(BrokerError::PortTaken { .. })
-                if config.listen.port() == 0 && attempts < START_ATTEMPTS_MAX =>
-            {
-                attempts += 1;
-            }
-            other => return other,
-        }
-    }
-}
-
-/// Tries with fresh ephemeral ports when a chosen one was taken meanwhile.
-const START_ATTEMPTS_MAX: u32 = 5;
-
-fn start_once(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
     check_config(&config)?;
     raise_open_files_limit();
     std::fs::create_dir_all(&config.data_dir)
@@ -205,15 +180,11 @@ fn start_once(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
         .map_err(|source| BrokerError::DataDir { path: config.data_dir.clone(), source })?;
     let config = BrokerConfig { data_dir, ..config };
     let topics = FileTopicStore::new(&config.data_dir).load()?;
-    let (reservation, public) = reserve_public_port(config.listen)?;
-    let shards = config.shards;
-    let shard_port = |i: usize| -> u16 {
-        match (config.shard_port_base, public.port()) {
-            (Some(base), _) => base + i as u16,
-            (None, 0) => 0,
-            (None, p) => p + 1 + i as u16,
-        }
-    };
+    let bound = net::bind_ports(&config)?;
+    let (public, shards) = (bound.public_addr, config.shards);
+    let shard_ports: Vec<u16> = bound.shards.iter().map(|(_, port)| *port).collect();
+    let admin = bound.admin.as_ref().map(|(_, addr)| *addr);
+    let mut admin_socket = bound.admin.map(|(socket, _)| socket);
     let host = config.advertised_host.clone().unwrap_or_else(|| match public.ip() {
         IpAddr::V4(ip) if ip.is_unspecified() => "127.0.0.1".to_string(),
         ip => ip.to_string(),
@@ -221,12 +192,14 @@ fn start_once(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
     let stop = Arc::new(AtomicBool::new(false));
     let mesh = MeshBuilder::full(shards, MESH_CHANNEL_CAPACITY);
     let (status_tx, status_rx) = mpsc::channel::<Startup>();
-    let mut port_txs = Vec::with_capacity(shards);
     let mut threads = Vec::with_capacity(shards);
+    // Each shard joins the mesh only once all are spawned: if spawning one
+    // fails, dropping these senders releases the others.
+    let mut go_txs = Vec::with_capacity(shards);
     let cores = core_affinity::get_core_ids().unwrap_or_default();
-    for i in 0..shards {
-        let (port_tx, port_rx) = mpsc::channel::<Vec<u16>>();
-        port_txs.push(port_tx);
+    for (i, (public_socket, (own_socket, _))) in bound.public.into_iter().zip(bound.shards).enumerate() {
+        let (go_tx, go) = mpsc::channel::<()>();
+        go_txs.push(go_tx);
         let placement = match cores.get(i % cores.len().max(1)) {
             Some(core) if config.pin_cores => Placement::Fixed(core.id),
             _ => Placement::Unbound,
@@ -234,13 +207,18 @@ fn start_once(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
         let spec = ShardSpec {
             id: i,
             config: config.clone(),
-            public,
-            shard_port: shard_port(i),
+            public_port: public.port(),
+            shard_ports: shard_ports.clone(),
+            listeners: Listeners {
+                public: public_socket,
+                own: own_socket,
+                admin: if i == 0 { admin_socket.take() } else { None },
+            },
             host: host.clone(),
             topics: topics.clone(),
             mesh: mesh.clone(),
             status: status_tx.clone(),
-            ports: port_rx,
+            go,
             stop: stop.clone(),
         };
         let status = status_tx.clone();
@@ -257,117 +235,70 @@ fn start_once(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
         threads.push(t);
     }
     drop(status_tx);
-    // On a failed start: release shards still waiting for the port list
-    // (dropping the senders), tell the rest to stop, and join them all.
-    let fail = |stop: &AtomicBool,
-                port_txs: Vec<mpsc::Sender<Vec<u16>>>,
-                threads: Vec<ExecutorJoinHandle<Result<(), String>>>,
-                err: BrokerError| {
-        drop(port_txs);
+    for tx in go_txs {
+        let _exited = tx.send(());
+    }
+    if let Err(e) = wait_serving(&status_rx, shards) {
+        // Tell the shards that did start to stop, and join them all.
         stop.store(true, Ordering::Release);
         for t in threads {
             let _ignored = t.join();
         }
-        Err(err)
-    };
-    // Phase 1: every shard has bound its listeners; phase 2: every shard serves.
-    let mut ports = vec![0u16; shards];
-    let mut admin = None;
-    if let Err(e) = wait_phase(&status_rx, shards, public, Phase::Bound(&mut ports)) {
-        return fail(&stop, port_txs, threads, e);
+        return Err(e);
     }
-    drop(reservation);
-    for tx in &port_txs {
-        let _exited = tx.send(ports.clone());
-    }
-    if let Err(e) = wait_phase(&status_rx, shards, public, Phase::Serving(&mut admin)) {
-        return fail(&stop, port_txs, threads, e);
-    }
-    let ready = ReadyInfo { listen: public, shard_ports: ports, data_dir: config.data_dir.clone(), admin };
+    let ready = ReadyInfo { listen: public, shard_ports, data_dir: config.data_dir.clone(), admin };
     tracing::info!(listen = %public, shard_ports = ?ready.shard_ports, shards, topics = topics.len(), "broker serving");
     Ok(BrokerHandle { ready, stop, threads })
 }
 
-/// What start-up waits for from every shard.
-enum Phase<'a> {
-    /// Listeners bound: collects each shard's own port.
-    Bound(&'a mut Vec<u16>),
-    /// Serving: collects the admin listener's address.
-    Serving(&'a mut Option<SocketAddr>),
-}
-
-fn wait_phase(
-    status_rx: &mpsc::Receiver<Startup>,
-    shards: usize,
-    public: SocketAddr,
-    mut phase: Phase<'_>,
-) -> Result<(), BrokerError> {
-    let mut done = 0;
-    while done < shards {
-        match (status_rx.recv(), &mut phase) {
-            (Ok(Startup::Bound { shard, port }), Phase::Bound(ports)) => {
-                ports[shard] = port;
-                done += 1;
-            }
-            (Ok(Startup::Serving { admin }), Phase::Serving(a)) => {
-                **a = a.or(admin);
-                done += 1;
-            }
-            (Ok(Startup::Failed { shard, message }), _) => return Err(shard_error(shard, message, public)),
-            (Ok(_), _) => {}
-            (Err(_), _) => return Err(BrokerError::Thread("a shard exited during start-up".into())),
+/// Waits until every shard serves, or for the first that failed.
+fn wait_serving(status_rx: &mpsc::Receiver<Startup>, shards: usize) -> Result<(), BrokerError> {
+    for _ in 0..shards {
+        match status_rx.recv() {
+            Ok(Startup::Serving) => {}
+            Ok(Startup::Failed { shard, message }) => return Err(BrokerError::Shard { shard, message }),
+            Err(_) => return Err(BrokerError::Thread("a shard exited during start-up".into())),
         }
     }
     Ok(())
 }
 
-/// Prefix of a start-up failure caused by a port in use.
-const PORT_TAKEN: &str = "port taken: ";
-
-fn bind_error(addr: SocketAddr, e: &std::io::Error) -> String {
-    if e.kind() == std::io::ErrorKind::AddrInUse {
-        format!("{PORT_TAKEN}bind {addr}: {e}")
-    } else {
-        format!("bind {addr}: {e}")
-    }
-}
-
-/// The error for a shard's start-up failure.
-fn shard_error(shard: usize, message: String, public: SocketAddr) -> BrokerError {
-    match message.strip_prefix(PORT_TAKEN) {
-        Some(rest) => BrokerError::PortTaken { port: public.port(), message: rest.to_string() },
-        None => BrokerError::Shard { shard, message },
-    }
+/// A shard's listening sockets, bound by `start` (`net::bind_ports`).
+struct Listeners {
+    public: socket2::Socket,
+    own: socket2::Socket,
+    /// Shard 0 only, with `--admin-listen`.
+    admin: Option<socket2::Socket>,
 }
 
 struct ShardSpec {
     id: usize,
     config: BrokerConfig,
-    public: SocketAddr,
-    shard_port: u16,
+    public_port: u16,
+    shard_ports: Vec<u16>,
+    listeners: Listeners,
     host: String,
     topics: TopicTable,
     mesh: MeshBuilder<ShardMsg, glommio::channels::channel_mesh::Full>,
     status: mpsc::Sender<Startup>,
-    ports: mpsc::Receiver<Vec<u16>>,
+    /// Start-up only: every shard was spawned (closed: start-up aborted).
+    go: mpsc::Receiver<()>,
     stop: Arc<AtomicBool>,
 }
 
 async fn shard_main(spec: ShardSpec) -> Result<(), String> {
     let id = spec.id;
-    let public = net::bind_listener(spec.public).map_err(|e| bind_error(spec.public, &e))?;
-    let own_addr = SocketAddr::new(spec.public.ip(), spec.shard_port);
-    let own = net::bind_listener(own_addr).map_err(|e| bind_error(own_addr, &e))?;
-    let port = own.local_addr().map_err(|e| e.to_string())?.port();
-    spec.status.send(Startup::Bound { shard: id, port }).map_err(|e| e.to_string())?;
-    // Start-up only: wait (blocking this not-yet-serving thread) for the port
-    // list of all shards.
-    let shard_ports = spec.ports.recv().map_err(|_| "start-up aborted".to_string())?;
+    let public = net::into_listener(spec.listeners.public);
+    let own = net::into_listener(spec.listeners.own);
+    let shard_ports = spec.shard_ports;
+    // Start-up only: wait (blocking this not-yet-serving thread) until every
+    // shard exists, so that joining the mesh cannot wait for one never spawned.
+    spec.go.recv().map_err(|_| "start-up aborted".to_string())?;
     let (senders, receivers) =
         spec.mesh.join().await.map_err(|e| format!("cannot join the shard mesh: {e}"))?;
     let store: Option<Box<dyn TopicStore>> =
         (id == 0).then(|| Box::new(FileTopicStore::new(&spec.config.data_dir)) as Box<dyn TopicStore>);
-    let endpoints = Endpoints { host: spec.host, public_port: spec.public.port(), shard_ports };
+    let endpoints = Endpoints { host: spec.host, public_port: spec.public_port, shard_ports };
     let config = Rc::new(spec.config);
     let splicer = match config.fetch_path {
         config::FetchPath::Plain => None,
@@ -397,15 +328,11 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
     let accept_public = glommio::spawn_local(net::accept_loop(ctx.clone(), public, "public"));
     let accept_own = glommio::spawn_local(net::accept_loop(ctx.clone(), own, "shard"));
     let retention = glommio::spawn_local(retention_loop(ctx.clone()));
-    let (admin, admin_addr) = match (id, config.admin_listen) {
-        (0, Some(addr)) => {
-            let l = net::bind_listener(addr).map_err(|e| format!("bind admin {addr}: {e}"))?;
-            let bound = l.local_addr().map_err(|e| e.to_string())?;
-            (Some(glommio::spawn_local(metrics::admin_loop(ctx.clone(), l))), Some(bound))
-        }
-        _ => (None, None),
-    };
-    spec.status.send(Startup::Serving { admin: admin_addr }).map_err(|e| e.to_string())?;
+    let admin = spec
+        .listeners
+        .admin
+        .map(|socket| glommio::spawn_local(metrics::admin_loop(ctx.clone(), net::into_listener(socket))));
+    spec.status.send(Startup::Serving).map_err(|e| e.to_string())?;
     while !spec.stop.load(Ordering::Acquire) {
         glommio::timer::sleep(SHUTDOWN_POLL).await;
     }

@@ -5,6 +5,7 @@
 //! snapshot over the mesh and renders Prometheus text format. The data path
 //! only ever does `cell.set(cell.get() + n)` on its own shard.
 
+use crate::net::{accept_next, AcceptFailures};
 use crate::shard::{ShardContext, ShardOp, ShardReply};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::TcpListener;
@@ -153,14 +154,13 @@ pub fn render(shards: &[MetricsSnapshot]) -> String {
 /// Largest HTTP request head the admin listener reads.
 const HTTP_HEAD_BYTES_MAX: usize = 8 << 10;
 
-/// Serves `GET /metrics` (runs on shard 0).
+/// Serves `GET /metrics` (runs on shard 0). A failing accept backs off as
+/// the data listeners' do (`net::accept_next`).
 pub async fn admin_loop(ctx: Rc<ShardContext>, listener: TcpListener) {
+    let mut failures = AcceptFailures::default();
     loop {
-        let Ok(mut stream) = listener.accept().await else {
-            if ctx.shutting_down.get() {
-                return;
-            }
-            continue;
+        let Some(mut stream) = accept_next(&ctx, &listener, "admin", &mut failures).await else {
+            return;
         };
         let ctx = ctx.clone();
         glommio::spawn_local(async move {

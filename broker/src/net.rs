@@ -15,11 +15,13 @@
 //! field is read, and a bad frame costs only its own connection.
 //! **API boundary**: `net` never interprets a request body; that is `dispatch`.
 
+use crate::config::BrokerConfig;
 use crate::dispatch::{self, DataChunk, Outgoing};
 use crate::io::splice::Splicer;
 use crate::log::{ReadChunk, SegmentFile};
 use crate::metrics::{ServePath, ShardMetrics};
 use crate::shard::ShardContext;
+use crate::BrokerError;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel;
 use glommio::net::{TcpListener, TcpStream};
@@ -27,26 +29,254 @@ use glommio::sync::Semaphore;
 use shardlog_schema::frame::{self, FrameLimits, LENGTH_PREFIX_BYTES};
 use shardlog_schema::wire::{ApiKey, ErrorCode};
 use std::any::Any;
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-/// Binds a listener with SO_REUSEPORT (every shard accepts on the public
-/// port) and SO_REUSEADDR (a restart or a port that just served short-lived
-/// connections must not fail with EADDRINUSE because of TIME_WAIT).
-pub fn bind_listener(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+/// What one of the broker's ports is for; start-up errors name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortUse {
+    /// The public port every shard accepts on (SO_REUSEPORT).
+    Public,
+    /// Shard `shard`'s own port, chosen as `rule` says.
+    Shard { shard: usize, rule: ShardPortRule },
+    /// The admin (`/metrics`) listener.
+    Admin,
+}
+
+/// How a shard's own port is chosen (`BrokerConfig::shard_port_base`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardPortRule {
+    /// `--shard-port-base` + shard index.
+    Base,
+    /// The public port + 1 + shard index (the default with a fixed public port).
+    AfterPublic,
+    /// Picked by the kernel (public port 0).
+    Ephemeral,
+}
+
+impl std::fmt::Display for PortUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PortUse::Public => write!(f, "the public listener (--listen)"),
+            PortUse::Shard { shard, rule: ShardPortRule::Base } => {
+                write!(f, "shard {shard}'s port (--shard-port-base + {shard})")
+            }
+            PortUse::Shard { shard, rule: ShardPortRule::AfterPublic } => {
+                write!(f, "shard {shard}'s port (public port + {})", shard + 1)
+            }
+            PortUse::Shard { shard, rule: ShardPortRule::Ephemeral } => write!(f, "shard {shard}'s port"),
+            PortUse::Admin => write!(f, "the admin listener (--admin-listen)"),
+        }
+    }
+}
+
+/// Every listening socket of a broker, bound and listening before any shard
+/// starts. Plain sockets (`Send`): each shard turns its own into glommio
+/// listeners ([`into_listener`]).
+#[derive(Debug)]
+pub struct BoundPorts {
+    pub public_addr: std::net::SocketAddr,
+    /// One SO_REUSEPORT socket on the public port per shard.
+    pub public: Vec<socket2::Socket>,
+    /// Each shard's own socket and its port.
+    pub shards: Vec<(socket2::Socket, u16)>,
+    pub admin: Option<(socket2::Socket, std::net::SocketAddr)>,
+}
+
+/// The ports a configuration asks for, in use order: public, shards, admin.
+/// Port 0 means ephemeral.
+fn plan_ports(config: &BrokerConfig) -> Result<Vec<(PortUse, SocketAddr)>, BrokerError> {
+    let public = config.listen;
+    let mut plan = vec![(PortUse::Public, public)];
+    for i in 0..config.shards {
+        let (first, rule) = match (config.shard_port_base, public.port()) {
+            (Some(base), _) if base != 0 => (u32::from(base), ShardPortRule::Base),
+            (Some(_), _) | (None, 0) => (0, ShardPortRule::Ephemeral),
+            (None, p) => (u32::from(p) + 1, ShardPortRule::AfterPublic),
+        };
+        let port = if first == 0 { 0 } else { first + i as u32 };
+        let port = u16::try_from(port).map_err(|_| {
+            BrokerError::Config(format!(
+                "{} would be {port}, past 65535: choose a lower --shard-port-base or --listen port",
+                PortUse::Shard { shard: i, rule }
+            ))
+        })?;
+        plan.push((PortUse::Shard { shard: i, rule }, SocketAddr::new(public.ip(), port)));
+    }
+    if let Some(admin) = config.admin_listen {
+        plan.push((PortUse::Admin, admin));
+    }
+    Ok(plan)
+}
+
+/// Whether two addresses with the same port would take the same socket
+/// (an unspecified address covers its family, and `[::]` IPv4 too).
+fn addrs_overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    if a.port() != b.port() {
+        return false;
+    }
+    match (a.is_ipv4(), b.is_ipv4()) {
+        (x, y) if x == y => a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified(),
+        (true, false) => b.ip().is_unspecified(),
+        _ => a.ip().is_unspecified(),
+    }
+}
+
+/// The first two planned uses that ask for the same fixed port.
+fn check_collisions(plan: &[(PortUse, SocketAddr)]) -> Result<(), BrokerError> {
+    for (i, &(first, a)) in plan.iter().enumerate() {
+        for &(second, b) in &plan[i + 1..] {
+            if a.port() != 0 && addrs_overlap(a, b) {
+                return Err(BrokerError::PortCollision { port: a.port(), first, second });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Binds a listening socket. Only the public port sets SO_REUSEPORT (every
+/// shard accepts on it); a shard's own port and the admin port have one
+/// socket each, so the kernel refuses any other socket already listening
+/// there. SO_REUSEADDR on all: a restart or a port that just served
+/// short-lived connections must not fail because of TIME_WAIT.
+fn listen_socket(addr: SocketAddr, reuse_port: bool, listen: bool) -> std::io::Result<socket2::Socket> {
     use socket2::{Domain, Protocol, Socket, Type};
-    use std::os::fd::{FromRawFd, IntoRawFd};
     let domain = if addr.is_ipv6() { Domain::IPV6 } else { Domain::IPV4 };
     let socket = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
-    socket.set_reuse_port(true)?;
+    socket.set_reuse_port(reuse_port)?;
     socket.set_cloexec(true)?;
     socket.bind(&addr.into())?;
-    socket.listen(1024)?;
-    // SAFETY: the fd is a freshly created, bound and listening socket that
-    // nothing else owns; the TcpListener takes ownership and closes it.
-    Ok(unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) })
+    if listen {
+        socket.listen(1024)?;
+    }
+    Ok(socket)
+}
+
+/// Binds every port of the broker: first the fixed ones, then the ephemeral
+/// ones (so a kernel-picked port cannot take a fixed one from us), after
+/// checking that no two uses ask for the same port. A port in use elsewhere
+/// is reported with what it was wanted for and, when `/proc` shows it, the
+/// process holding it.
+pub fn bind_ports(config: &BrokerConfig) -> Result<BoundPorts, BrokerError> {
+    let plan = plan_ports(config)?;
+    check_collisions(&plan)?;
+    let mut bound: Vec<Option<(socket2::Socket, SocketAddr)>> = plan.iter().map(|_| None).collect();
+    let mut public_more = Vec::new();
+    for fixed in [true, false] {
+        for (i, &(wanted_for, addr)) in plan.iter().enumerate() {
+            if (addr.port() != 0) != fixed {
+                continue;
+            }
+            let is_public = wanted_for == PortUse::Public;
+            if is_public && fixed {
+                // SO_REUSEPORT would share the port with another process's
+                // SO_REUSEPORT listener (another broker): first bind it
+                // without (and without listening), which any listener refuses.
+                drop(bind_one(&plan, &bound, wanted_for, addr, Bind::Probe)?);
+            }
+            let how = if is_public { Bind::Shared } else { Bind::Alone };
+            let (socket, local) = bind_one(&plan, &bound, wanted_for, addr, how)?;
+            if is_public {
+                for _ in 1..config.shards {
+                    public_more.push(bind_one(&plan, &bound, wanted_for, local, Bind::Shared)?.0);
+                }
+            }
+            bound[i] = Some((socket, local));
+        }
+    }
+    let mut bound = bound.into_iter().map(|b| b.expect("every planned port is bound"));
+    let (first_public, public_addr) = bound.next().expect("the public port is planned first");
+    let mut public = vec![first_public];
+    public.extend(public_more);
+    let shards = bound.by_ref().take(config.shards).map(|(s, a)| (s, a.port())).collect();
+    Ok(BoundPorts { public_addr, public, shards, admin: bound.next() })
+}
+
+/// How [`bind_one`] binds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Bind {
+    /// SO_REUSEPORT, listening: one of the public port's sockets.
+    Shared,
+    /// Listening, the port's only socket.
+    Alone,
+    /// Bound only, to see whether anything listens there.
+    Probe,
+}
+
+fn bind_one(
+    plan: &[(PortUse, SocketAddr)],
+    bound: &[Option<(socket2::Socket, SocketAddr)>],
+    wanted_for: PortUse,
+    addr: SocketAddr,
+    how: Bind,
+) -> Result<(socket2::Socket, SocketAddr), BrokerError> {
+    let listen_error = |source| BrokerError::Listen { addr, wanted_for, source };
+    let socket = match listen_socket(addr, how == Bind::Shared, how != Bind::Probe) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            let ours = plan.iter().zip(bound).find_map(|(&(first, _), b)| {
+                b.as_ref().filter(|(_, local)| addrs_overlap(*local, addr)).map(|_| first)
+            });
+            return Err(match ours {
+                Some(first) => BrokerError::PortCollision { port: addr.port(), first, second: wanted_for },
+                None => BrokerError::PortInUse { addr, wanted_for, holder: port_holder(addr.port()) },
+            });
+        }
+        Err(e) => return Err(listen_error(e)),
+    };
+    let local = socket
+        .local_addr()
+        .map_err(listen_error)?
+        .as_socket()
+        .ok_or_else(|| listen_error(std::io::Error::other("not an IP socket address")))?;
+    Ok((socket, local))
+}
+
+/// The process listening on TCP `port`, as "process PID (NAME)", when
+/// `/proc` shows it (start-up only, on the main thread: blocking reads are
+/// fine there).
+fn port_holder(port: u16) -> Option<String> {
+    let inodes: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter_map(|line| {
+                    // sl local_address rem_address st ... inode: LISTEN is 0A.
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    let local_port = u16::from_str_radix(f.get(1)?.rsplit(':').next()?, 16).ok()?;
+                    (local_port == port && *f.get(3)? == "0A").then(|| f.get(9).map(|s| s.to_string()))?
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let wanted: Vec<String> = inodes.iter().map(|i| format!("socket:[{i}]")).collect();
+    for pid in std::fs::read_dir("/proc").ok()?.filter_map(Result::ok) {
+        let Some(pid) = pid.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
+        for fd in fds.filter_map(Result::ok) {
+            let target = std::fs::read_link(fd.path()).ok();
+            if target.is_some_and(|t| wanted.iter().any(|w| t.as_os_str() == w.as_str())) {
+                let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                return Some(format!("process {pid} ({})", name.trim()));
+            }
+        }
+    }
+    None
+}
+
+/// A glommio listener over a socket bound by [`bind_ports`], on the shard
+/// that will accept on it.
+pub fn into_listener(socket: socket2::Socket) -> TcpListener {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    // SAFETY: the fd is a bound, listening socket that `socket` owned and
+    // gives up here; the TcpListener takes ownership and closes it.
+    unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) }
 }
 
 /// Accepts connections until the shard stops.
@@ -55,28 +285,8 @@ pub async fn accept_loop(ctx: Rc<ShardContext>, listener: TcpListener, name: &'s
     let mut failures = AcceptFailures::default();
     let mut refused = LogThrottle::default();
     loop {
-        let stream = match listener.accept().await {
-            Ok(s) => {
-                if let Some(count) = failures.recovered() {
-                    tracing::info!(listener = name, shard = %ctx.id, failures = count, "accepting again");
-                }
-                s
-            }
-            Err(e) => {
-                if ctx.shutting_down.get() {
-                    return;
-                }
-                // Out of file descriptors (EMFILE/ENFILE) or memory, accept
-                // fails again at once: back off, and say so once per
-                // interval rather than once per attempt.
-                let (pause, report) = failures.failed(Instant::now());
-                if let Some(suppressed) = report {
-                    tracing::warn!(listener = name, shard = %ctx.id, error = %e, suppressed,
-                        retry_in_ms = pause.as_millis() as u64, "accept failed");
-                }
-                glommio::timer::sleep(pause).await;
-                continue;
-            }
+        let Some(stream) = accept_next(&ctx, &listener, name, &mut failures).await else {
+            return;
         };
         if ctx.shutting_down.get() {
             return;
@@ -98,6 +308,40 @@ pub async fn accept_loop(ctx: Rc<ShardContext>, listener: TcpListener, name: &'s
             ctx.connections.set(ctx.connections.get() - 1);
         })
         .detach();
+    }
+}
+
+/// Accepts the next connection on `listener`; `None` once the shard is
+/// shutting down. Every listener of the broker (public, shard, admin) accepts
+/// through this. Out of file descriptors (EMFILE/ENFILE) or memory, accept
+/// fails again at once: it backs off (see [`AcceptFailures`]) and says so
+/// once per interval rather than once per attempt.
+pub(crate) async fn accept_next(
+    ctx: &ShardContext,
+    listener: &TcpListener,
+    name: &'static str,
+    failures: &mut AcceptFailures,
+) -> Option<TcpStream> {
+    loop {
+        match listener.accept().await {
+            Ok(s) => {
+                if let Some(count) = failures.recovered() {
+                    tracing::info!(listener = name, shard = %ctx.id, failures = count, "accepting again");
+                }
+                return Some(s);
+            }
+            Err(e) => {
+                if ctx.shutting_down.get() {
+                    return None;
+                }
+                let (pause, report) = failures.failed(Instant::now());
+                if let Some(suppressed) = report {
+                    tracing::warn!(listener = name, shard = %ctx.id, error = %e, suppressed,
+                        retry_in_ms = pause.as_millis() as u64, "accept failed");
+                }
+                glommio::timer::sleep(pause).await;
+            }
+        }
     }
 }
 
@@ -131,7 +375,7 @@ impl LogThrottle {
 /// Back-off for a failing `accept`: 10 ms doubling to 1 s, reset by the
 /// next success.
 #[derive(Debug, Default)]
-struct AcceptFailures {
+pub(crate) struct AcceptFailures {
     consecutive: u64,
     log: LogThrottle,
 }

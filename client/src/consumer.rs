@@ -451,7 +451,10 @@ fn next_position(mut position: u64, data: &[u8]) -> u64 {
             break;
         }
         let Ok(header) = BatchHeader::parse(&data[at..]) else { break };
-        position = position.max(header.next_offset());
+        // A header past the largest offset is corrupt: `decode_records`
+        // reports it; the walk stops before it.
+        let Some(next) = header.checked_next_offset() else { break };
+        position = position.max(next);
         at += total;
     }
     position
@@ -490,15 +493,18 @@ pub(crate) fn decode_records(
         let (header, bytes) = item.map_err(|e| {
             ClientError::Protocol(format!("corrupt batch in {topic}/{partition} near offset {position}: {e}"))
         })?;
-        if header.last_offset() < position {
-            continue;
-        }
         let corrupt = |e: &dyn std::fmt::Display| {
             ClientError::Protocol(format!(
                 "corrupt records in {topic}/{partition} at {}: {e}",
                 header.base_offset
             ))
         };
+        let Some(next) = header.checked_next_offset() else {
+            return Err(corrupt(&format_args!("{} records pass the largest offset", header.record_count)));
+        };
+        if header.last_offset() < position {
+            continue;
+        }
         if header.codec() != 0 {
             return Err(corrupt(&BatchError::UnsupportedCodec(header.codec())));
         }
@@ -506,8 +512,10 @@ pub(crate) fn decode_records(
             flatbuffers::root::<wire::RecordSet>(&bytes[BATCH_HEADER_BYTES..]).map_err(|e| corrupt(&e))?;
         let records = set.records().unwrap_or_default();
         out.reserve(records.len());
-        for r in records {
-            let offset = header.base_offset + u64::from(r.offset_delta());
+        for (index, r) in records.iter().enumerate() {
+            let (offset, timestamp_ms) = header
+                .record_position(index, r.offset_delta(), r.timestamp_delta())
+                .map_err(|e| corrupt(&e))?;
             if offset < position {
                 continue;
             }
@@ -515,7 +523,7 @@ pub(crate) fn decode_records(
                 topic: topic.clone(),
                 partition,
                 offset,
-                timestamp_ms: header.first_timestamp + r.timestamp_delta(),
+                timestamp_ms,
                 key: r.key().map(|k| data.slice_ref(k.bytes())),
                 value: r.value().map_or_else(Bytes::new, |v| data.slice_ref(v.bytes())),
                 headers: r.headers().map_or_else(Vec::new, |hs| {
@@ -528,7 +536,7 @@ pub(crate) fn decode_records(
                 }),
             });
         }
-        position = position.max(header.next_offset());
+        position = position.max(next);
     }
     Ok(position)
 }
@@ -546,6 +554,20 @@ mod tests {
         let mut out = b.finish();
         stamp(&mut out, base, 0);
         out
+    }
+
+    /// A broker (or a corrupt file) handing out a batch at the top of the
+    /// offset space gets a protocol error, not an overflow.
+    #[test]
+    fn batch_past_the_largest_offset_is_an_error() {
+        let topic: Arc<str> = Arc::from("t");
+        for base in [u64::MAX, u64::MAX - 1, shardlog_schema::batch::OFFSET_MAX] {
+            let data = Bytes::from(batch(base, &["a", "b"]));
+            let mut out = Vec::new();
+            let err = decode_records(&topic, 0, 0, &data, &mut out).expect_err("corrupt");
+            assert!(matches!(err, ClientError::Protocol(_)), "{err}");
+            assert_eq!(next_position(5, &data), 5, "the walk stops before the batch");
+        }
     }
 
     /// The fetch task's header-only walk lands where decoding does, and both

@@ -74,10 +74,40 @@ pub enum BatchError {
     #[error("batch uses compression codec {0}, which this version does not support")]
     UnsupportedCodec(u16),
     #[error("batch records are not a valid record set: {0}")]
-    Records(#[from] InvalidFlatbuffer),
+    Records(RecordSetError),
     #[error("batch has no records")]
     Empty,
 }
+
+/// What is wrong with a batch's record set (inside [`BatchError::Records`]).
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum RecordSetError {
+    /// The record set flatbuffer failed verification.
+    #[error(transparent)]
+    Invalid(#[from] InvalidFlatbuffer),
+    /// Offset deltas must rise strictly and stay within `last_offset_delta`.
+    #[error("record {index} has offset delta {offset_delta}, after {previous:?} (last_offset_delta {last_offset_delta})")]
+    OffsetDelta { index: usize, offset_delta: u32, previous: Option<u32>, last_offset_delta: u32 },
+    /// `first_timestamp + timestamp_delta` does not fit an `i64`.
+    #[error("record {index} has timestamp delta {timestamp_delta}, which overflows first_timestamp {first_timestamp}")]
+    TimestampOverflow { index: usize, timestamp_delta: i64, first_timestamp: i64 },
+}
+
+impl From<InvalidFlatbuffer> for BatchError {
+    fn from(e: InvalidFlatbuffer) -> Self {
+        BatchError::Records(RecordSetError::Invalid(e))
+    }
+}
+
+impl From<RecordSetError> for BatchError {
+    fn from(e: RecordSetError) -> Self {
+        BatchError::Records(e)
+    }
+}
+
+/// Largest offset a record may have: offsets are `i64` on the wire (as in
+/// Kafka), so a batch whose records would pass it is impossible.
+pub const OFFSET_MAX: u64 = i64::MAX as u64;
 
 /// The parsed fixed header of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,19 +168,57 @@ impl BatchHeader {
     /// Total size of the batch in bytes, header included.
     #[must_use]
     pub fn total_bytes(&self) -> usize {
-        BATCH_LENGTH_PREFIX_BYTES + self.batch_length as usize
+        BATCH_LENGTH_PREFIX_BYTES.saturating_add(self.batch_length as usize)
     }
 
-    /// Offset of the last record in the batch.
+    /// Offset of the last record in the batch. Exact for a header that
+    /// passed [`validate`] with its real base offset; on a header from
+    /// [`BatchHeader::parse`] alone it saturates instead of overflowing.
     #[must_use]
     pub fn last_offset(&self) -> u64 {
-        self.base_offset + u64::from(self.last_offset_delta)
+        self.base_offset.saturating_add(u64::from(self.last_offset_delta))
     }
 
-    /// Offset after the batch.
+    /// Offset after the batch (saturating, as [`BatchHeader::last_offset`]).
     #[must_use]
     pub fn next_offset(&self) -> u64 {
-        self.last_offset() + 1
+        self.last_offset().saturating_add(1)
+    }
+
+    /// Offset after the batch, or `None` when its records would pass
+    /// [`OFFSET_MAX`] (a corrupt or hostile header).
+    #[must_use]
+    pub fn checked_next_offset(&self) -> Option<u64> {
+        let next = self.base_offset.checked_add(u64::from(self.last_offset_delta))?.checked_add(1)?;
+        (next <= OFFSET_MAX.saturating_add(1)).then_some(next)
+    }
+
+    /// The absolute offset and timestamp of a record of this batch, from its
+    /// deltas, checked: the offset delta must not pass `last_offset_delta`
+    /// nor the offset [`OFFSET_MAX`], and the timestamp must fit an `i64`.
+    pub fn record_position(
+        &self,
+        index: usize,
+        offset_delta: u32,
+        timestamp_delta: i64,
+    ) -> Result<(u64, i64), RecordSetError> {
+        let offset = self
+            .base_offset
+            .checked_add(u64::from(offset_delta))
+            .filter(|o| offset_delta <= self.last_offset_delta && *o <= OFFSET_MAX)
+            .ok_or(RecordSetError::OffsetDelta {
+                index,
+                offset_delta,
+                previous: None,
+                last_offset_delta: self.last_offset_delta,
+            })?;
+        let timestamp =
+            self.first_timestamp.checked_add(timestamp_delta).ok_or(RecordSetError::TimestampOverflow {
+                index,
+                timestamp_delta,
+                first_timestamp: self.first_timestamp,
+            })?;
+        Ok((offset, timestamp))
     }
 
     #[must_use]
@@ -166,7 +234,7 @@ pub fn peek_total_bytes(buf: &[u8]) -> Option<usize> {
     if buf.len() < BATCH_LENGTH_PREFIX_BYTES {
         return None;
     }
-    Some(BATCH_LENGTH_PREFIX_BYTES + u32_at(buf, OFF_BATCH_LENGTH) as usize)
+    Some(BATCH_LENGTH_PREFIX_BYTES.saturating_add(u32_at(buf, OFF_BATCH_LENGTH) as usize))
 }
 
 /// CRC32C of a batch's covered bytes (everything after the CRC field).
@@ -175,9 +243,17 @@ pub fn compute_crc(batch: &[u8]) -> u32 {
     crc32c::crc32c(&batch[CRC_START..])
 }
 
-/// Validates the batch at the start of `buf`: header, length bounds, magic
-/// and CRC. Returns the header; the batch is `buf[..header.total_bytes()]`.
+/// Validates the batch at the start of `buf`: header, length bounds, magic,
+/// CRC, and the counts: at least one record and `last_offset_delta ==
+/// record_count - 1`. The base offset is not judged here (the broker stamps
+/// it after this check on produce; recovery and readers compare it with the
+/// offset they expect): [`BatchHeader::checked_next_offset`] says whether it
+/// leaves room for the records.
+/// Returns the header; the batch is `buf[..header.total_bytes()]`.
 /// This is the check done before an append and again during recovery.
+///
+/// Every field it reads comes from outside (a socket, a file): nothing here
+/// does arithmetic that can overflow on any value.
 pub fn validate(buf: &[u8], batch_bytes_max: usize) -> Result<BatchHeader, BatchError> {
     let header = BatchHeader::parse(buf)?;
     let total = header.total_bytes();
@@ -198,10 +274,12 @@ pub fn validate(buf: &[u8], batch_bytes_max: usize) -> Result<BatchHeader, Batch
     if header.record_count == 0 {
         return Err(BatchError::Empty);
     }
-    if header.record_count != header.last_offset_delta + 1 {
+    // `record_count >= 1` here, so `record_count - 1` cannot underflow
+    // (`last_offset_delta + 1` would overflow for u32::MAX).
+    if header.last_offset_delta != header.record_count - 1 {
         return Err(BatchError::RecordCountMismatch {
             header: header.record_count,
-            actual: header.last_offset_delta as usize + 1,
+            actual: usize::try_from(u64::from(header.last_offset_delta) + 1).unwrap_or(usize::MAX),
         });
     }
     Ok(header)
@@ -219,7 +297,35 @@ pub fn validate_with_records(buf: &[u8], batch_bytes_max: usize) -> Result<Batch
     if actual != header.record_count as usize {
         return Err(BatchError::RecordCountMismatch { header: header.record_count, actual });
     }
+    check_record_deltas(&header, set)?;
     Ok(header)
+}
+
+/// Each record's offset delta is above the previous one and at most
+/// `last_offset_delta`, and its timestamp delta fits with `first_timestamp`.
+/// The base offset is not involved: on produce the broker has yet to stamp it.
+fn check_record_deltas(header: &BatchHeader, set: wire::RecordSet<'_>) -> Result<(), RecordSetError> {
+    let mut previous: Option<u32> = None;
+    for (index, r) in set.records().unwrap_or_default().iter().enumerate() {
+        let offset_delta = r.offset_delta();
+        if previous.is_some_and(|p| offset_delta <= p) || offset_delta > header.last_offset_delta {
+            return Err(RecordSetError::OffsetDelta {
+                index,
+                offset_delta,
+                previous,
+                last_offset_delta: header.last_offset_delta,
+            });
+        }
+        previous = Some(offset_delta);
+        if header.first_timestamp.checked_add(r.timestamp_delta()).is_none() {
+            return Err(RecordSetError::TimestampOverflow {
+                index,
+                timestamp_delta: r.timestamp_delta(),
+                first_timestamp: header.first_timestamp,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Stamps the broker-assigned fields. The CRC does not cover them.
@@ -411,18 +517,21 @@ pub struct RecordView<'a> {
 }
 
 /// Decodes the records of one validated batch (`batch` is exactly one batch).
+/// A record whose deltas put it outside the batch or past [`OFFSET_MAX`] is
+/// an error, not a wrapped offset.
 pub fn records(batch: &[u8]) -> Result<Vec<RecordView<'_>>, BatchError> {
     let header = BatchHeader::parse(batch)?;
     if header.codec() != 0 {
         return Err(BatchError::UnsupportedCodec(header.codec()));
     }
-    let end = header.total_bytes().min(batch.len());
+    let end = header.total_bytes().clamp(BATCH_HEADER_BYTES, batch.len());
     let set = flatbuffers::root::<wire::RecordSet>(&batch[BATCH_HEADER_BYTES..end])?;
     let Some(records) = set.records() else {
         return Ok(Vec::new());
     };
     let mut out = Vec::with_capacity(records.len());
-    for r in records {
+    for (index, r) in records.iter().enumerate() {
+        let (offset, timestamp_ms) = header.record_position(index, r.offset_delta(), r.timestamp_delta())?;
         let headers = r
             .headers()
             .map(|hs| {
@@ -430,8 +539,8 @@ pub fn records(batch: &[u8]) -> Result<Vec<RecordView<'_>>, BatchError> {
             })
             .unwrap_or_default();
         out.push(RecordView {
-            offset: header.base_offset + u64::from(r.offset_delta()),
-            timestamp_ms: header.first_timestamp + r.timestamp_delta(),
+            offset,
+            timestamp_ms,
             key: r.key().map(|k| k.bytes()),
             value: r.value().map_or(&[][..], |v| v.bytes()),
             headers,
@@ -555,6 +664,175 @@ mod tests {
         let got: Vec<_> = BatchIter::new(&buf, 1 << 20).collect();
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].as_ref().expect("ok").1.len(), one);
+    }
+
+    /// A sealed batch (valid CRC) with this header and these records'
+    /// (offset delta, timestamp delta), built by hand so any values go.
+    fn raw_batch(header: BatchHeader, deltas: &[(u32, i64)]) -> Vec<u8> {
+        let mut fbb = FlatBufferBuilder::with_capacity(256);
+        let records: Vec<_> = deltas
+            .iter()
+            .map(|&(offset_delta, timestamp_delta)| {
+                let value = fbb.create_vector(b"v");
+                wire::Record::create(
+                    &mut fbb,
+                    &wire::RecordArgs {
+                        offset_delta,
+                        timestamp_delta,
+                        key: None,
+                        value: Some(value),
+                        headers: None,
+                    },
+                )
+            })
+            .collect();
+        let records = fbb.create_vector(&records);
+        let set = wire::RecordSet::create(&mut fbb, &wire::RecordSetArgs { records: Some(records) });
+        fbb.finish_minimal(set);
+        let mut out = vec![0u8; BATCH_HEADER_BYTES];
+        out.extend_from_slice(fbb.finished_data());
+        let header = BatchHeader { batch_length: (out.len() - BATCH_LENGTH_PREFIX_BYTES) as u32, ..header };
+        seal_header(header, &mut out);
+        out
+    }
+
+    fn header_of(batch: &[u8]) -> BatchHeader {
+        BatchHeader::parse(batch).expect("parses")
+    }
+
+    #[test]
+    fn last_offset_delta_u32_max_is_rejected_not_overflowed() {
+        let good = build(&[(None, b"a".to_vec())], 1);
+        for record_count in [0, 1, 2, u32::MAX] {
+            let h = BatchHeader { last_offset_delta: u32::MAX, record_count, ..header_of(&good) };
+            let batch = raw_batch(h, &[(0, 0)]);
+            let err = validate(&batch, 1 << 20).expect_err("impossible counts are rejected");
+            let want = if record_count == 0 {
+                BatchError::Empty
+            } else {
+                BatchError::RecordCountMismatch { header: record_count, actual: 1 << 32 }
+            };
+            assert_eq!(err, want, "record_count {record_count}");
+            assert!(validate_with_records(&batch, 1 << 20).is_err());
+            assert_eq!(header_of(&batch).next_offset(), u64::from(u32::MAX) + 1);
+        }
+    }
+
+    #[test]
+    fn offsets_near_the_top_saturate_or_are_refused() {
+        let good = build(&[(None, b"a".to_vec()), (None, b"b".to_vec())], 1);
+        let h = BatchHeader { base_offset: u64::MAX, ..header_of(&good) };
+        assert_eq!(h.last_offset(), u64::MAX);
+        assert_eq!(h.next_offset(), u64::MAX);
+        assert_eq!(h.checked_next_offset(), None);
+        let h = BatchHeader { base_offset: OFFSET_MAX - 1, ..h };
+        assert_eq!(h.checked_next_offset(), Some(OFFSET_MAX + 1), "the last record may sit at OFFSET_MAX");
+        assert_eq!(h.record_position(1, 1, 0), Ok((OFFSET_MAX, 1)));
+        assert!(matches!(
+            h.record_position(1, 2, 0),
+            Err(RecordSetError::OffsetDelta { offset_delta: 2, .. })
+        ));
+        let h = BatchHeader { base_offset: OFFSET_MAX, ..h };
+        assert!(matches!(h.record_position(1, 1, 0), Err(RecordSetError::OffsetDelta { .. })));
+        let mut stamped = good.clone();
+        stamp(&mut stamped, OFFSET_MAX, 0);
+        assert!(matches!(
+            records(&stamped),
+            Err(BatchError::Records(RecordSetError::OffsetDelta { index: 1, .. }))
+        ));
+    }
+
+    #[test]
+    fn record_deltas_are_checked_on_produce() {
+        let good = build(&[(None, b"a".to_vec()), (None, b"b".to_vec())], 1);
+        let h = header_of(&good);
+        validate_with_records(&raw_batch(h, &[(0, 0), (1, 5)]), 1 << 20)
+            .expect("sequential deltas are valid");
+        for (deltas, index) in
+            [([(1, 0), (1, 0)], 1), ([(0, 0), (0, 0)], 1), ([(0, 0), (2, 0)], 1), ([(5, 0), (6, 0)], 0)]
+        {
+            let err = validate_with_records(&raw_batch(h, &deltas), 1 << 20).expect_err("bad deltas");
+            assert!(
+                matches!(err, BatchError::Records(RecordSetError::OffsetDelta { index: i, .. }) if i == index),
+                "{deltas:?}: {err}"
+            );
+        }
+        let h = BatchHeader { first_timestamp: i64::MAX - 1, ..h };
+        let err = validate_with_records(&raw_batch(h, &[(0, 0), (1, 2)]), 1 << 20).expect_err("overflow");
+        assert_eq!(
+            err,
+            BatchError::Records(RecordSetError::TimestampOverflow {
+                index: 1,
+                timestamp_delta: 2,
+                first_timestamp: i64::MAX - 1
+            })
+        );
+        let h = BatchHeader { first_timestamp: i64::MIN, ..h };
+        assert!(records(&raw_batch(h, &[(0, 0), (1, -1)])).is_err());
+    }
+
+    #[test]
+    fn short_batch_length_does_not_slice_out_of_bounds() {
+        let mut batch = build(&[(None, b"a".to_vec())], 1);
+        batch[OFF_BATCH_LENGTH..][..4].copy_from_slice(&0u32.to_le_bytes());
+        assert!(records(&batch).is_err());
+        assert!(matches!(validate(&batch, 1 << 20), Err(BatchError::BadLength { .. })));
+    }
+
+    /// u32s near the edges, where arithmetic overflows, and some random ones.
+    fn edge_u32() -> impl Strategy<Value = u32> {
+        prop_oneof![Just(0), Just(1), Just(u32::MAX), Just(u32::MAX - 1), any::<u32>()]
+    }
+
+    proptest! {
+        /// Any header bytes, with a record set or junk after them, a length
+        /// that may or may not fit and a CRC recomputed so it matches: the
+        /// checks and the decoders answer, never panic.
+        #[test]
+        fn any_header_with_a_valid_crc_never_panics(
+            head in prop::collection::vec(any::<u8>(), BATCH_HEADER_BYTES),
+            body_kind in 0u8..3,
+            junk in prop::collection::vec(any::<u8>(), 0..64),
+            length in prop_oneof![Just(None), (0u32..128).prop_map(Some), any::<u32>().prop_map(Some)],
+            counts in prop_oneof![
+                Just(None),
+                (edge_u32(), edge_u32()).prop_map(Some),
+            ],
+            base_offset in prop_oneof![any::<u64>(), Just(u64::MAX), Just(OFFSET_MAX)],
+            fix_magic in any::<bool>(),
+            limit in prop_oneof![Just(1usize << 20), 0usize..128],
+        ) {
+            let mut batch = head;
+            match body_kind {
+                0 => {}
+                1 => batch.extend_from_slice(&junk),
+                _ => batch.extend_from_slice(&build(&[(None, junk.clone())], 0)[BATCH_HEADER_BYTES..]),
+            }
+            if fix_magic {
+                batch[OFF_MAGIC] = BATCH_MAGIC;
+            }
+            let len = length.unwrap_or((batch.len() - BATCH_LENGTH_PREFIX_BYTES) as u32);
+            batch[OFF_BATCH_LENGTH..][..4].copy_from_slice(&len.to_le_bytes());
+            if let Some((last_offset_delta, record_count)) = counts {
+                batch[OFF_LAST_OFFSET_DELTA..][..4].copy_from_slice(&last_offset_delta.to_le_bytes());
+                batch[OFF_RECORD_COUNT..][..4].copy_from_slice(&record_count.to_le_bytes());
+            }
+            batch[OFF_BASE_OFFSET..][..8].copy_from_slice(&base_offset.to_le_bytes());
+            let crc = compute_crc(&batch);
+            batch[OFF_CRC..][..4].copy_from_slice(&crc.to_le_bytes());
+            if let Ok(h) = BatchHeader::parse(&batch) {
+                let _ = (h.total_bytes(), h.last_offset(), h.next_offset(), h.checked_next_offset());
+                let _ = h.record_position(0, h.last_offset_delta, i64::MAX);
+            }
+            let checked = validate(&batch, limit);
+            if let Ok(h) = &checked {
+                prop_assert_eq!(u64::from(h.last_offset_delta) + 1, u64::from(h.record_count));
+            }
+            let _ = validate_with_records(&batch, limit);
+            let _ = records(&batch);
+            let _ = peek_total_bytes(&batch);
+            let _: Vec<_> = BatchIter::new(&batch, limit).collect();
+        }
     }
 
     proptest! {

@@ -3,6 +3,7 @@
 use crate::settings::Settings;
 use crate::{AcksArg, ClientArgs, ConfigFileArg, ConsumeArgs, Format, ProduceArgs, TopicCommand};
 use anyhow::{bail, Context};
+use base64::Engine as _;
 use bytes::Bytes;
 use shardlog_client::{
     Acks, Admin, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, DeliveryFuture, Producer,
@@ -150,29 +151,38 @@ pub async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
         anyhow::Ok(acked)
     });
 
-    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    // Keys and values are bytes: stdin is read as bytes and split on b'\n'
+    // (and the key separator) as bytes, never decoded as text.
+    let mut stdin = tokio::io::BufReader::new(tokio::io::stdin());
+    let mut line = Vec::new();
     let mut line_no = 0u64;
     let read_result: anyhow::Result<()> = async {
-        while let Some(line) = lines.next_line().await.context("reading stdin")? {
+        loop {
+            line.clear();
+            if stdin.read_until(b'\n', &mut line).await.context("reading stdin")? == 0 {
+                return Ok(());
+            }
             line_no += 1;
+            if line.last() == Some(&b'\n') {
+                line.pop();
+            }
             let mut record = match &args.key_separator {
                 Some(sep) => {
-                    let Some((k, v)) = line.split_once(sep.as_str()) else {
+                    let Some((k, v)) = split_once_bytes(&line, sep.as_bytes()) else {
                         bail!("line {line_no} has no key separator `{sep}`");
                     };
-                    ProducerRecord::new(args.topic.clone(), Bytes::copy_from_slice(v.as_bytes()))
-                        .with_key(Bytes::copy_from_slice(k.as_bytes()))
+                    ProducerRecord::new(args.topic.clone(), Bytes::copy_from_slice(v))
+                        .with_key(Bytes::copy_from_slice(k))
                 }
-                None => ProducerRecord::new(args.topic.clone(), Bytes::from(line)),
+                None => ProducerRecord::new(args.topic.clone(), Bytes::copy_from_slice(&line)),
             };
             record.partition = args.partition;
             let delivery =
                 producer.send(record).await.with_context(|| format!("cannot send line {line_no}"))?;
             if tx.send((line_no, delivery)).await.is_err() {
-                break; // the checker stopped on an error; it reports it
+                return Ok(()); // the checker stopped on an error; it reports it
             }
         }
-        Ok(())
     }
     .await;
     drop(tx);
@@ -185,8 +195,51 @@ pub async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn json_text(b: &[u8]) -> serde_json::Value {
-    serde_json::Value::String(String::from_utf8_lossy(b).into_owned())
+/// Splits `line` at the first occurrence of `sep` (an empty separator never matches).
+fn split_once_bytes<'a>(line: &'a [u8], sep: &[u8]) -> Option<(&'a [u8], &'a [u8])> {
+    if sep.is_empty() {
+        return None;
+    }
+    let at = line.windows(sep.len()).position(|w| w == sep)?;
+    Some((&line[..at], &line[at + sep.len()..]))
+}
+
+/// Puts `bytes` into `obj` unambiguously: as the string `name` when they are
+/// UTF-8, else base64 (standard alphabet, padded) as `name_base64`.
+fn put_bytes(obj: &mut serde_json::Map<String, serde_json::Value>, name: &str, bytes: &[u8]) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => obj.insert(name.to_string(), text.into()),
+        Err(_) => obj
+            .insert(format!("{name}_base64"), base64::engine::general_purpose::STANDARD.encode(bytes).into()),
+    };
+}
+
+/// One record as a JSON object (documented in `consume --help` and README).
+fn record_json(r: &ConsumerRecord) -> serde_json::Value {
+    let mut obj = serde_json::Map::new();
+    obj.insert("topic".into(), (*r.topic).into());
+    obj.insert("partition".into(), r.partition.into());
+    obj.insert("offset".into(), r.offset.into());
+    obj.insert("timestamp_ms".into(), r.timestamp_ms.into());
+    match &r.key {
+        Some(k) => put_bytes(&mut obj, "key", k),
+        None => {
+            obj.insert("key".into(), serde_json::Value::Null);
+        }
+    }
+    put_bytes(&mut obj, "value", &r.value);
+    let (mut text, mut encoded) = (serde_json::Map::new(), serde_json::Map::new());
+    for (k, v) in &r.headers {
+        match std::str::from_utf8(v) {
+            Ok(t) => text.insert(k.clone(), t.into()),
+            Err(_) => encoded.insert(k.clone(), base64::engine::general_purpose::STANDARD.encode(v).into()),
+        };
+    }
+    obj.insert("headers".into(), text.into());
+    if !encoded.is_empty() {
+        obj.insert("headers_base64".into(), encoded.into());
+    }
+    obj.into()
 }
 
 fn write_record(out: &mut impl Write, r: &ConsumerRecord, format: Format, sep: &str) -> std::io::Result<()> {
@@ -199,20 +252,7 @@ fn write_record(out: &mut impl Write, r: &ConsumerRecord, format: Format, sep: &
             out.write_all(sep.as_bytes())?;
             out.write_all(&r.value)?;
         }
-        Format::Json => {
-            let headers: serde_json::Map<String, serde_json::Value> =
-                r.headers.iter().map(|(k, v)| (k.clone(), json_text(v))).collect();
-            let v = serde_json::json!({
-                "topic": &*r.topic,
-                "partition": r.partition,
-                "offset": r.offset,
-                "timestamp_ms": r.timestamp_ms,
-                "key": r.key.as_deref().map(json_text),
-                "value": json_text(&r.value),
-                "headers": headers,
-            });
-            serde_json::to_writer(&mut *out, &v)?;
-        }
+        Format::Json => serde_json::to_writer(&mut *out, &record_json(r))?,
     }
     out.write_all(b"\n")
 }

@@ -25,7 +25,7 @@ enum Command {
     /// Create, list, describe and delete topics.
     #[command(subcommand)]
     Topic(TopicCommand),
-    /// Send stdin to a topic, one message per line.
+    /// Send stdin to a topic, one message per line (bytes, not text).
     Produce(ProduceArgs),
     /// Print messages of a topic, one per line.
     Consume(ConsumeArgs),
@@ -105,10 +105,12 @@ pub enum AcksArg {
     All,
 }
 
+/// Stdin is read as bytes, as kcat does: each line (up to b'\n', which is
+/// dropped; a '\r' before it is kept) is one message, whatever its bytes.
 #[derive(Args, Debug)]
 pub struct ProduceArgs {
     pub topic: String,
-    /// Split each line at the first occurrence of S into key and value.
+    /// Split each line at the first occurrence of S (as bytes) into key and value.
     #[arg(long, value_name = "S")]
     pub key_separator: Option<String>,
     /// Send every message to this partition (default: the partitioner decides).
@@ -133,7 +135,11 @@ pub enum Format {
     Value,
     /// Key, separator, value.
     KeyValue,
-    /// One JSON object per message.
+    /// One JSON object per message: topic, partition, offset, timestamp_ms,
+    /// key, value, headers. A key, value or header value that is UTF-8 is a
+    /// string ("value": "..."); one that is not is base64 (standard, padded)
+    /// under a `_base64` name instead ("value_base64": "...", "key_base64",
+    /// "headers_base64": {name: ...}). "key" is null when there is no key.
     Json,
 }
 

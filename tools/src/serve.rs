@@ -24,13 +24,16 @@ pub struct ServeArgs {
     /// Number of shards (pinned executor threads); default: one per core.
     #[arg(long, env = "SHARDLOG_SHARDS")]
     shards: Option<usize>,
-    /// Prometheus /metrics listener.
+    /// Prometheus /metrics listener. Its port must differ from the public
+    /// and the shard ports: a collision fails start-up.
     #[arg(long, env = "SHARDLOG_ADMIN_LISTEN", value_name = "HOST:PORT")]
     admin_listen: Option<SocketAddr>,
     /// TOML settings file ([serve] section); flags and env vars win over it.
     #[arg(long = "config", env = "SHARDLOG_CONFIG", value_name = "FILE.toml")]
     config: Option<PathBuf>,
-    /// First per-shard port (shard i listens on base + i).
+    /// First per-shard port (shard i listens on base + i). Default: the
+    /// public port + 1 + i, or ephemeral ports when the public port is 0.
+    /// A port wanted twice or already in use fails start-up, naming both uses.
     #[arg(long)]
     shard_port_base: Option<u16>,
     /// Host name clients are told to connect to.

@@ -34,7 +34,7 @@ impl Broker {
     }
 
     /// Runs a client command to completion (bounded by a deadline).
-    fn run(&self, args: &[&str], stdin: &str) -> Output {
+    fn run(&self, args: &[&str], stdin: impl AsRef<[u8]>) -> Output {
         let mut child = self
             .cli(args)
             .stdin(Stdio::piped())
@@ -43,9 +43,9 @@ impl Broker {
             .spawn()
             .expect("spawn shardlog");
         let mut input = child.stdin.take().expect("stdin");
-        let text = stdin.to_string();
+        let bytes = stdin.as_ref().to_vec();
         let writer = std::thread::spawn(move || {
-            input.write_all(text.as_bytes()).expect("write stdin");
+            input.write_all(&bytes).expect("write stdin");
         });
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || tx.send(child.wait_with_output()));
@@ -57,7 +57,7 @@ impl Broker {
         out
     }
 
-    fn ok(&self, args: &[&str], stdin: &str) -> String {
+    fn ok(&self, args: &[&str], stdin: impl AsRef<[u8]>) -> String {
         let out = self.run(args, stdin);
         assert!(
             out.status.success(),
@@ -95,7 +95,7 @@ fn produce_then_consume_round_trips_stdin_to_stdout() {
 
     // Keyed lines over all partitions: every line comes back once.
     let keyed: Vec<String> = (0..300).map(|i| format!("key{}:value {i}", i % 7)).collect();
-    broker.ok(&["produce", "lines", "--key-separator", ":", "--acks", "all"], &keyed.join("\n"));
+    broker.ok(&["produce", "lines", "--key-separator", ":", "--acks", "all"], keyed.join("\n"));
     let out = broker.ok(
         &[
             "consume",
@@ -139,6 +139,41 @@ fn produce_then_consume_round_trips_stdin_to_stdout() {
     assert_eq!(v["partition"], 1);
     assert_eq!(v["value"], "message 499 with some text");
     assert_eq!(v["key"], serde_json::Value::Null);
+}
+
+/// Keys and values are bytes: stdin that is not UTF-8 is sent as it is, and
+/// `--format json` shows bytes that are not UTF-8 as base64 under `*_base64`.
+#[test]
+fn produce_sends_bytes_and_json_marks_non_utf8_as_base64() {
+    let broker = Broker::start();
+    broker.ok(&["topic", "create", "bytes", "--partitions", "1"], "");
+    // The issue's input: an empty line, then 00 01 ff.
+    let out = broker.run(&["produce", "bytes"], b"\n\x00\x01\xff\n");
+    assert!(out.status.success(), "produce failed: {}", String::from_utf8_lossy(&out.stderr));
+    broker.ok(&["produce", "bytes", "--key-separator", ":"], b"k\xfe:\xffv\ntext:plain\r\n");
+
+    let consume = |format: &str| {
+        let args = ["consume", "bytes", "--from-beginning", "--max-messages", "4", "--format", format];
+        let out = broker.run(&args, "");
+        assert!(out.status.success(), "consume failed: {}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    };
+    assert_eq!(consume("value"), b"\n\x00\x01\xff\n\xffv\nplain\r\n", "values come back byte for byte");
+    let json = String::from_utf8(consume("json")).expect("json output is UTF-8");
+    let v: Vec<serde_json::Value> =
+        json.lines().map(|l| serde_json::from_str(l).expect("one JSON object per line")).collect();
+    assert_eq!(v.len(), 4);
+    assert_eq!((&v[0]["value"], &v[0]["key"]), (&serde_json::json!(""), &serde_json::Value::Null));
+    assert_eq!(v[1]["value_base64"], "AAH/");
+    assert!(v[1].get("value").is_none(), "bytes that are not UTF-8 never appear as text: {}", v[1]);
+    assert_eq!(
+        (&v[2]["key_base64"], &v[2]["value_base64"]),
+        (&serde_json::json!("a/4="), &serde_json::json!("/3Y="))
+    );
+    assert!(v[2].get("key").is_none() && v[2].get("value").is_none(), "{}", v[2]);
+    assert_eq!((&v[3]["key"], &v[3]["value"]), (&serde_json::json!("text"), &serde_json::json!("plain\r")));
+    let offsets: Vec<u64> = v.iter().map(|o| o["offset"].as_u64().expect("offset")).collect();
+    assert_eq!(offsets, [0, 1, 2, 3]);
 }
 
 #[test]
@@ -272,4 +307,29 @@ fn log_dump_prints_the_batches_of_a_segment() {
         .expect("a .log segment");
     let out = broker.ok(&["log", "dump", segment.to_str().expect("utf8"), "--records"], "");
     assert!(out.contains("first") && out.contains("second"), "{out}");
+}
+
+/// The issue's case: `--admin-listen` on shard 0's port (the public port + 1)
+/// must not start a broker whose clients then time out.
+#[test]
+fn serve_refuses_colliding_ports_and_names_both_uses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let (listen, admin) = (format!("127.0.0.1:{port}"), format!("127.0.0.1:{}", port + 1));
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", &listen, "--admin-listen", &admin, "--shards", "2", "--no-pin-cores"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .env_remove("SHARDLOG_CONFIG")
+        .output()
+        .expect("run shardlog serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "serve started: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(out.stdout.is_empty(), "no ready line: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        stderr.contains(&format!("port {} is wanted twice", port + 1))
+            && stderr.contains("shard 0's port (public port + 1)")
+            && stderr.contains("the admin listener (--admin-listen)"),
+        "{stderr}"
+    );
 }
