@@ -10,6 +10,12 @@
 //! after an error (the consumer starts a fresh one on the next `poll`) and is
 //! stopped by `seek` and `assign`; answers of a stopped task, and answers
 //! that predate a `seek` (a per-partition generation), are dropped.
+//!
+//! A position outside the log (past its end, or deleted by retention) gets
+//! `OffsetOutOfRange` from the broker: the consumer moves it as
+//! `ConsumerConfig::offset_reset` says and records the move for
+//! [`Consumer::take_resets`], or (`OffsetReset::Error`) `poll` returns
+//! [`ClientError::OffsetOutOfRange`].
 
 use crate::cluster::Cluster;
 use crate::config::{ConsumerConfig, OffsetReset};
@@ -42,6 +48,23 @@ pub enum SeekTo {
     Timestamp(i64),
 }
 
+/// A position the consumer moved by its `offset_reset` policy because the
+/// broker answered `OffsetOutOfRange` (see [`Consumer::take_resets`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PositionReset {
+    pub topic: String,
+    pub partition: u32,
+    /// The position that was out of range.
+    pub from: u64,
+    /// The position it was reset to.
+    pub to: u64,
+    pub policy: OffsetReset,
+    /// The log start and high watermark the broker reported with the error
+    /// (-1: unknown): the readable offsets were `log_start..high_watermark`.
+    pub log_start: i64,
+    pub high_watermark: i64,
+}
+
 /// A record read from a partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsumerRecord {
@@ -62,8 +85,9 @@ struct PartState {
     generation: u64,
     /// Owner-shard address; `None` until (re)resolved from metadata.
     leader: Option<String>,
-    /// Set by `OffsetOutOfRange`: resolve the position again before fetching.
-    needs_reset: bool,
+    /// Set by `OffsetOutOfRange`: resolve the position again before
+    /// fetching. Holds the log start and high watermark the broker reported.
+    needs_reset: Option<(i64, i64)>,
     high_watermark: i64,
 }
 
@@ -99,7 +123,13 @@ pub struct Consumer {
     next_task: u64,
     results_tx: mpsc::UnboundedSender<FetchOutcome>,
     results_rx: mpsc::UnboundedReceiver<FetchOutcome>,
+    /// Resets not yet taken by [`Consumer::take_resets`] (bounded: one
+    /// per assigned partition and poll at most, see `take_resets`).
+    resets: Vec<PositionReset>,
 }
+
+/// Resets kept for `take_resets` at most; older ones are dropped.
+const RESETS_KEPT_MAX: usize = 1024;
 
 fn seek_timestamp(to: SeekTo) -> Option<i64> {
     match to {
@@ -123,6 +153,7 @@ impl Consumer {
             next_task: 1,
             results_tx,
             results_rx,
+            resets: Vec::new(),
         })
     }
 
@@ -147,7 +178,7 @@ impl Consumer {
                     position,
                     generation,
                     leader: md.leader_addr(t, *p).ok(),
-                    needs_reset: false,
+                    needs_reset: None,
                     high_watermark: -1,
                 },
             );
@@ -203,7 +234,7 @@ impl Consumer {
         let state = self.parts.get_mut(&key).expect("checked above");
         state.position = position;
         state.generation = generation;
-        state.needs_reset = false;
+        state.needs_reset = None;
         if let Some(addr) = state.leader.clone() {
             self.stop_task(&addr);
         }
@@ -314,17 +345,33 @@ impl Consumer {
         }
     }
 
+    /// The positions moved by the `offset_reset` policy since the last call
+    /// (oldest first), so that an application can say so: a reset skips or
+    /// repeats records. At most the last 1,024 are kept.
+    pub fn take_resets(&mut self) -> Vec<PositionReset> {
+        std::mem::take(&mut self.resets)
+    }
+
     async fn reset_positions(&mut self) -> Result<()> {
-        let to = match self.config.offset_reset {
+        let policy = self.config.offset_reset;
+        let to = match policy {
             OffsetReset::Earliest => SeekTo::Earliest,
             OffsetReset::Latest => SeekTo::Latest,
             OffsetReset::Error => return Ok(()),
         };
-        let stale: Vec<(String, u32)> =
-            self.parts.iter().filter(|(_, s)| s.needs_reset).map(|((t, p), _)| (t.to_string(), *p)).collect();
-        for (t, p) in stale {
-            tracing::info!(topic = %t, partition = p, ?to, "offset out of range; resetting");
-            self.seek(&t, p, to).await?;
+        let stale: Vec<(String, u32, u64, (i64, i64))> = self
+            .parts
+            .iter()
+            .filter_map(|((t, p), s)| Some((t.to_string(), *p, s.position, s.needs_reset?)))
+            .collect();
+        for (topic, partition, from, (log_start, high_watermark)) in stale {
+            self.seek(&topic, partition, to).await?;
+            let to = self.position(&topic, partition).expect("assigned");
+            tracing::info!(%topic, partition, from, to, ?policy, "offset out of range; reset");
+            if self.resets.len() >= RESETS_KEPT_MAX {
+                self.resets.remove(0);
+            }
+            self.resets.push(PositionReset { topic, partition, from, to, policy, log_start, high_watermark });
         }
         Ok(())
     }
@@ -377,8 +424,17 @@ impl Consumer {
                     s.high_watermark = r.high_watermark;
                     s.position = decode_records(&s.topic, r.partition, s.position, &r.data, out)?;
                 }
-                ErrorCode::OffsetOutOfRange if self.config.offset_reset != OffsetReset::Error => {
-                    s.needs_reset = true;
+                ErrorCode::OffsetOutOfRange => {
+                    if self.config.offset_reset == OffsetReset::Error {
+                        return Err(ClientError::OffsetOutOfRange {
+                            topic: r.topic,
+                            partition: r.partition,
+                            offset: s.position,
+                            log_start: r.log_start_offset,
+                            high_watermark: r.high_watermark,
+                        });
+                    }
+                    s.needs_reset = Some((r.log_start_offset, r.high_watermark));
                 }
                 code if shardlog_schema::error::is_retriable(code) => s.leader = None,
                 code => return Err(ClientError::broker(code, r.message.as_deref())),

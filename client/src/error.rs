@@ -47,6 +47,15 @@ pub enum ClientError {
     /// Bad configuration or argument.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A consumer's position is outside its partition's log and its
+    /// `offset_reset` policy is [`crate::OffsetReset::Error`]. `log_start` and
+    /// `high_watermark` are what the broker reported with the error (-1:
+    /// unknown): the readable offsets are `log_start..high_watermark`.
+    #[error(
+        "offset {offset} is out of range for {topic}/{partition}: readable offsets are {log_start} up to \
+         {high_watermark} (exclusive), and the offset reset policy is none"
+    )]
+    OffsetOutOfRange { topic: String, partition: u32, offset: u64, log_start: i64, high_watermark: i64 },
 }
 
 impl ClientError {
@@ -60,6 +69,7 @@ impl ClientError {
             }
             ClientError::Timeout => Some(ErrorCode::RequestTimedOut),
             ClientError::RecordTooLarge { .. } => Some(ErrorCode::MessageTooLarge),
+            ClientError::OffsetOutOfRange { .. } => Some(ErrorCode::OffsetOutOfRange),
             _ => None,
         }
     }

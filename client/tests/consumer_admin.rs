@@ -145,3 +145,56 @@ async fn fetch_ahead_delivers_everything_in_order_and_seek_restarts_it() {
     assert!(seeked);
     assert_eq!((c.position("t", 0), c.position("t", 1)), (Some(2000), Some(2000)));
 }
+
+/// A position past the log end gets `OffsetOutOfRange` from the broker; the
+/// consumer applies its `offset_reset` policy and reports the move through
+/// `take_resets`, or returns the typed error under `OffsetReset::Error`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn position_past_the_log_end_follows_the_offset_reset_policy() {
+    use shardlog_client::{ErrorCode, OffsetReset};
+    let broker = TestBroker::start().await;
+    create(&broker, "end", 1).await;
+    let producer = Producer::new(producer_config(&broker)).await.expect("producer");
+    producer.send(ProducerRecord::new("end", "only")).await.expect("send").await.expect("delivered");
+    let part = [("end".to_string(), 0)];
+    for (policy, to) in [(OffsetReset::Earliest, 0), (OffsetReset::Latest, 1)] {
+        let config = ConsumerConfig { offset_reset: policy, ..consumer_config(&broker) };
+        let mut c = Consumer::new(config).await.expect("consumer");
+        c.assign(&part, SeekTo::Offset(1000)).await.expect("assign");
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        let (mut resets, mut seen) = (Vec::new(), Vec::new());
+        // Earliest reads the record (in the reset poll or a later one);
+        // latest waits at the log end and reads nothing.
+        while resets.is_empty() || (policy == OffsetReset::Earliest && seen.is_empty()) {
+            assert!(tokio::time::Instant::now() < deadline, "{policy:?}: {resets:?} {seen:?}");
+            seen.extend(
+                c.poll(Duration::from_millis(200)).await.expect("poll").into_iter().map(|r| r.offset),
+            );
+            resets.extend(c.take_resets());
+        }
+        assert_eq!(resets.len(), 1, "{resets:?}");
+        let r = &resets[0];
+        assert_eq!(
+            (r.from, r.to, r.policy, r.log_start, r.high_watermark),
+            (1000, to, policy, 0, 1),
+            "{r:?}"
+        );
+        let want: &[u64] = if policy == OffsetReset::Earliest { &[0] } else { &[] };
+        assert_eq!(seen, want, "{policy:?}");
+        assert_eq!(c.position("end", 0), Some(1));
+        assert!(c.take_resets().is_empty(), "taken once");
+    }
+    let config = ConsumerConfig { offset_reset: OffsetReset::Error, ..consumer_config(&broker) };
+    let mut c = Consumer::new(config).await.expect("consumer");
+    c.assign(&part, SeekTo::Offset(1000)).await.expect("assign");
+    let err = c.poll(DEADLINE).await.expect_err("out of range");
+    assert!(
+        matches!(
+            &err,
+            ClientError::OffsetOutOfRange { offset: 1000, log_start: 0, high_watermark: 1, partition: 0, .. }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.code(), Some(ErrorCode::OffsetOutOfRange));
+    assert!(!err.is_retriable());
+}

@@ -1,13 +1,15 @@
 //! The client commands: topic, produce, consume.
 
 use crate::settings::Settings;
-use crate::{AcksArg, ClientArgs, ConfigFileArg, ConsumeArgs, Format, ProduceArgs, TopicCommand};
+use crate::{
+    AcksArg, ClientArgs, ConfigFileArg, ConsumeArgs, Format, OffsetResetArg, ProduceArgs, TopicCommand,
+};
 use anyhow::{bail, Context};
 use base64::Engine as _;
 use bytes::Bytes;
 use shardlog_client::{
-    Acks, Admin, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, DeliveryFuture, Producer,
-    ProducerConfig, ProducerRecord, SeekTo,
+    Acks, Admin, ClientConfig, Consumer, ConsumerConfig, ConsumerRecord, DeliveryFuture, OffsetReset,
+    Producer, ProducerConfig, ProducerRecord, SeekTo,
 };
 use std::io::Write;
 use std::time::Duration;
@@ -267,7 +269,11 @@ pub async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
         fetch_min_bytes: c.fetch_min_bytes.unwrap_or(defaults.fetch_min_bytes),
         fetch_max_bytes: c.fetch_max_bytes.unwrap_or(defaults.fetch_max_bytes),
         partition_max_bytes: c.partition_max_bytes.unwrap_or(defaults.partition_max_bytes),
-        ..defaults
+        offset_reset: match args.offset_reset {
+            OffsetResetArg::Earliest => OffsetReset::Earliest,
+            OffsetResetArg::Latest => OffsetReset::Latest,
+            OffsetResetArg::None => OffsetReset::Error,
+        },
     };
     let partitions: Vec<(String, u32)> = match args.partition {
         Some(p) => vec![(args.topic.clone(), p)],
@@ -302,6 +308,19 @@ pub async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
             r = consumer.poll(Duration::from_millis(500)) => r.context("poll failed")?,
             _ = &mut ctrl_c => break,
         };
+        for r in consumer.take_resets() {
+            eprintln!(
+                "warning: offset {} is out of range for {}/{} (readable offsets {} up to {}); \
+                 --offset-reset {} moved it to offset {}",
+                r.from,
+                r.topic,
+                r.partition,
+                r.log_start,
+                r.high_watermark,
+                if r.policy == OffsetReset::Earliest { "earliest" } else { "latest" },
+                r.to
+            );
+        }
         if records.is_empty() {
             if idle.is_some_and(|d| idle_since.elapsed() >= d) {
                 break;

@@ -143,15 +143,32 @@ pub enum Format {
     Json,
 }
 
+/// `--offset-reset`: the consumer's `auto.offset.reset`, with Kafka's names.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetResetArg {
+    /// The first offset still in the log.
+    Earliest,
+    /// The log end: only records written from then on (the default, as in Kafka).
+    Latest,
+    /// No reset: fail.
+    None,
+}
+
 #[derive(Args, Debug)]
 pub struct ConsumeArgs {
     pub topic: String,
     /// Start at the earliest offset (default: only new messages).
     #[arg(long, conflicts_with = "offset")]
     pub from_beginning: bool,
-    /// Start at this offset.
+    /// Start at this offset. One outside the log (past its end, or before its
+    /// start after retention) is handled by --offset-reset.
     #[arg(long)]
     pub offset: Option<u64>,
+    /// What to do when the broker answers that a position is out of range
+    /// (OffsetOutOfRange): start over at the earliest offset or the log end,
+    /// saying so on stderr, or (none) fail with the error, exit status 1.
+    #[arg(long, value_enum, default_value_t = OffsetResetArg::Latest)]
+    pub offset_reset: OffsetResetArg,
     /// Read only this partition (default: all).
     #[arg(long)]
     pub partition: Option<u32>,

@@ -77,6 +77,19 @@ impl Drop for Broker {
     }
 }
 
+/// The lines a child writes to `pipe`, as they come.
+fn lines_of(pipe: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            if tx.send(line.expect("line")).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
 fn lines(s: &str) -> Vec<String> {
     s.lines().map(str::to_string).collect()
 }
@@ -262,15 +275,7 @@ fn consume_follows_until_interrupted() {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn consume");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            if tx.send(line.expect("line")).is_err() {
-                return;
-            }
-        }
-    });
+    let rx = lines_of(child.stdout.take().expect("stdout"));
     // The consumer starts at the log end; keep producing until it prints one.
     let deadline = Instant::now() + COMMAND_DEADLINE;
     let first = loop {
@@ -292,6 +297,60 @@ fn consume_follows_until_interrupted() {
         assert!(Instant::now() < deadline, "consume did not stop on SIGINT");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// `--offset` past the log end: the broker answers OffsetOutOfRange and the
+/// consumer applies `--offset-reset` (saying so on stderr), or fails with
+/// `none`; it never starts silently somewhere else.
+#[test]
+fn consume_past_the_log_end_applies_the_offset_reset_policy() {
+    let broker = Broker::start();
+    broker.ok(&["topic", "create", "short"], "");
+    broker.ok(&["produce", "short"], "only\n");
+    let consume = ["consume", "short", "--partition", "0", "--offset", "1000", "--format", "json"];
+    let moved = |policy: &str, to: u64| {
+        format!(
+            "offset 1000 is out of range for short/0 (readable offsets 0 up to 1); \
+             --offset-reset {policy} moved it to offset {to}"
+        )
+    };
+
+    let out =
+        broker.run(&[&consume[..], &["--offset-reset", "earliest", "--max-messages", "1"]].concat(), "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains(&moved("earliest", 0)), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+    assert_eq!((&v["offset"], &v["value"]), (&serde_json::json!(0), &serde_json::json!("only")));
+
+    let out =
+        broker.run(&[&consume[..], &["--offset-reset", "none", "--idle-timeout-ms", "10000"]].concat(), "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(out.stdout.is_empty());
+    assert!(
+        stderr.contains("offset 1000 is out of range for short/0: readable offsets are 0 up to 1")
+            && stderr.contains("the offset reset policy is none"),
+        "{stderr}"
+    );
+
+    // The default, latest: the log end, so only records produced afterwards.
+    let mut child = broker
+        .cli(&[&consume[..], &["--max-messages", "1"]].concat())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn consume");
+    let rx = lines_of(child.stderr.take().expect("stderr"));
+    let warning = rx.recv_timeout(COMMAND_DEADLINE).expect("a warning on stderr");
+    assert!(warning.contains(&moved("latest", 1)), "{warning}");
+    broker.ok(&["produce", "short"], "next\n");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    let out = rx.recv_timeout(COMMAND_DEADLINE).expect("consume exits after one message").expect("wait");
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+    assert_eq!((&v["offset"], &v["value"]), (&serde_json::json!(1), &serde_json::json!("next")));
 }
 
 #[test]
