@@ -88,7 +88,7 @@ fn pipelined_mixed_sizes(port_of: impl Fn(&BrokerHandle) -> u16, parts_per_reque
     let mut seq = Sequencer::default();
     let requests = 18;
     // Writes from a thread of their own: the broker answers while we send.
-    let mut writer = Conn { stream: conn.stream.try_clone().expect("clone socket"), next: conn.next };
+    let mut writer = conn.try_clone();
     let sent: Vec<Vec<(u32, Vec<u8>)>> = (0..requests)
         .map(|i| {
             let (records, value_bytes) = size_of_request(i);
@@ -128,6 +128,40 @@ fn pipelined_produces_keep_order_on_the_owner_port() {
     // its own partitions and forwards the rest.
     let owner = shard_for(TOPIC, PartitionId(0), 2).0 as usize;
     pipelined_mixed_sizes(|b| b.ready.shard_ports[owner], 1);
+}
+
+/// Small requests that arrive in one segment, a multi-partition request
+/// followed by a single-partition one for the same partition, many times.
+/// (The old code ran a multi-partition request's parts as spawned tasks;
+/// this test did not catch that, because the connection reader yields
+/// between requests and those tasks ran first; the fix no longer depends
+/// on that scheduling detail: `dispatch::spawn_in_order`.)
+#[test]
+fn small_requests_read_together_keep_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let handle = broker(dir.path(), 1);
+    let mut conn = Conn::open(handle.ready.listen.port());
+    assert_eq!(conn.create_topic(TOPIC, PARTITIONS), ErrorCode::None);
+    let mut seq = Sequencer::default();
+    let rounds = 200;
+    for _ in 0..5 {
+        conn.cork();
+        for _ in 0..rounds / 5 {
+            let (a0, a1, b0) = (seq.batch(0, 2, 20), seq.batch(1, 2, 20), seq.batch(0, 2, 20));
+            conn.send_produce(&[(TOPIC, 0, &a0[..]), (TOPIC, 1, &a1[..])]);
+            conn.send_produce(&[(TOPIC, 0, &b0[..])]);
+        }
+        conn.uncork();
+        for _ in 0..2 * rounds / 5 {
+            for (_, partition, error, _) in conn.recv_produce() {
+                assert_eq!(error, ErrorCode::None, "partition {partition}");
+            }
+        }
+    }
+    for p in 0..2 {
+        check_order(&mut conn, p, seq.next[&p]);
+    }
+    handle.shutdown().expect("clean shutdown");
 }
 
 #[test]

@@ -22,6 +22,8 @@ pub fn broker(dir: &std::path::Path, shards: usize) -> BrokerHandle {
 pub struct Conn {
     pub stream: TcpStream,
     pub next: u32,
+    /// While corked, requests are gathered here and sent in one write.
+    corked: Option<Vec<u8>>,
 }
 
 /// A decoded response: envelope bytes and payload.
@@ -40,7 +42,7 @@ impl Conn {
     pub fn open(port: u16) -> Conn {
         let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
         stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-        Conn { stream, next: 1 }
+        Conn { stream, next: 1, corked: None }
     }
 
     pub fn send<'a>(
@@ -70,8 +72,28 @@ impl Conn {
         let mut out = Vec::new();
         finish_into(&mut fbb, root, &mut out);
         out.extend_from_slice(payload);
-        self.stream.write_all(&out).expect("write");
+        match &mut self.corked {
+            Some(held) => held.extend_from_slice(&out),
+            None => self.stream.write_all(&out).expect("write"),
+        }
         corr
+    }
+
+    /// Holds the requests sent from now on until `uncork`.
+    pub fn cork(&mut self) {
+        self.corked.get_or_insert_with(Vec::new);
+    }
+
+    /// Sends the held requests in one write.
+    pub fn uncork(&mut self) {
+        if let Some(held) = self.corked.take() {
+            self.stream.write_all(&held).expect("write");
+        }
+    }
+
+    /// A second handle on the same connection (e.g. a writer thread).
+    pub fn try_clone(&self) -> Conn {
+        Conn { stream: self.stream.try_clone().expect("clone socket"), next: self.next, corked: None }
     }
 
     pub fn recv(&mut self) -> Resp {
