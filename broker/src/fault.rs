@@ -20,6 +20,8 @@ pub enum FaultPoint {
     Fdatasync,
     /// Sealing the active segment and opening the next one.
     SegmentRoll,
+    /// Opening a partition's log at start-up (before recovery reads it).
+    RecoveryRead,
 }
 
 /// What happens at an armed point.

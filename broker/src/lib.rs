@@ -190,6 +190,7 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
         ip => ip.to_string(),
     });
     let stop = Arc::new(AtomicBool::new(false));
+    let health = metrics::Health::new(config.shards);
     let mesh = MeshBuilder::full(shards, MESH_CHANNEL_CAPACITY);
     let (status_tx, status_rx) = mpsc::channel::<Startup>();
     let mut threads = Vec::with_capacity(shards);
@@ -220,6 +221,7 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
             status: status_tx.clone(),
             go,
             stop: stop.clone(),
+            health: health.clone(),
         };
         let status = status_tx.clone();
         let t = LocalExecutorBuilder::new(placement)
@@ -284,6 +286,8 @@ struct ShardSpec {
     /// Start-up only: every shard was spawned (closed: start-up aborted).
     go: mpsc::Receiver<()>,
     stop: Arc<AtomicBool>,
+    /// Shards serving, for the admin port's `/readyz`.
+    health: metrics::Health,
 }
 
 async fn shard_main(spec: ShardSpec) -> Result<(), String> {
@@ -322,20 +326,27 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
         splicer,
     );
     ctx.spawn_mesh_receivers(receivers);
+    // The admin port answers from the start: `/readyz` says 503 until every
+    // shard has recovered its logs and accepts.
+    let admin = spec.listeners.admin.map(|socket| {
+        glommio::spawn_local(metrics::admin_loop(
+            ctx.clone(),
+            net::into_listener(socket),
+            spec.health.clone(),
+        ))
+    });
     for meta in spec.topics.into_values() {
         ctx.apply_topic(meta, false).await?;
     }
     let accept_public = glommio::spawn_local(net::accept_loop(ctx.clone(), public, "public"));
     let accept_own = glommio::spawn_local(net::accept_loop(ctx.clone(), own, "shard"));
     let retention = glommio::spawn_local(retention_loop(ctx.clone()));
-    let admin = spec
-        .listeners
-        .admin
-        .map(|socket| glommio::spawn_local(metrics::admin_loop(ctx.clone(), net::into_listener(socket))));
+    spec.health.shard_serving();
     spec.status.send(Startup::Serving).map_err(|e| e.to_string())?;
     while !spec.stop.load(Ordering::Acquire) {
         glommio::timer::sleep(SHUTDOWN_POLL).await;
     }
+    spec.health.shard_stopping();
     if let Some(admin) = admin {
         admin.cancel().await;
     }

@@ -114,6 +114,9 @@ async fn scan_segment(dir: &Path, base: u64, size: u64, config: &TopicConfig) ->
 }
 
 pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions) -> Result<Log, LogError> {
+    crate::fault::hit(crate::fault::FaultPoint::RecoveryRead, &dir)
+        .await
+        .map_err(|e| LogError::io("opening log", &dir, e))?;
     // One-off blocking metadata calls at open (mkdir -p, statfs, readdir):
     // glommio has no async versions and they run once per partition.
     std::fs::create_dir_all(&dir).map_err(|e| LogError::io("creating directory", &dir, e))?;
