@@ -22,9 +22,74 @@ pub enum ServePath {
     Plain,
 }
 
+/// Upper bounds (µs) of the request latency buckets; one more bucket, +Inf,
+/// follows the last.
+pub const LATENCY_BUCKETS_US: [u64; 16] = [
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000,
+    2_500_000, 5_000_000, 10_000_000,
+];
+const BUCKETS: usize = LATENCY_BUCKETS_US.len() + 1;
+
+/// The APIs with a latency histogram, and their `api` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiClass {
+    Produce,
+    /// Includes the long-poll wait.
+    Fetch,
+    /// ApiVersions, Metadata, ListOffsets.
+    Metadata,
+    /// CreateTopics, DeleteTopics.
+    Admin,
+}
+
+impl ApiClass {
+    pub const ALL: [ApiClass; 4] = [ApiClass::Produce, ApiClass::Fetch, ApiClass::Metadata, ApiClass::Admin];
+
+    fn label(self) -> &'static str {
+        match self {
+            ApiClass::Produce => "produce",
+            ApiClass::Fetch => "fetch",
+            ApiClass::Metadata => "metadata",
+            ApiClass::Admin => "admin",
+        }
+    }
+}
+
+/// A shard's request latency histogram for one API: fixed buckets in
+/// `Cell`s (recording is a search over 16 bounds and two adds).
+#[derive(Debug, Default)]
+pub struct LatencyHistogram {
+    buckets: [Cell<u64>; BUCKETS],
+    sum_us: Cell<u64>,
+}
+
+impl LatencyHistogram {
+    pub fn record(&self, elapsed: std::time::Duration) {
+        let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        add(&self.buckets[LATENCY_BUCKETS_US.partition_point(|b| *b < us)], 1);
+        self.sum_us.set(self.sum_us.get().saturating_add(us));
+    }
+
+    fn snapshot(&self) -> HistogramSnapshot {
+        HistogramSnapshot {
+            buckets: std::array::from_fn(|i| self.buckets[i].get()),
+            sum_us: self.sum_us.get(),
+        }
+    }
+}
+
+/// A copy of a [`LatencyHistogram`]: per-bucket (not cumulative) counts.
+#[derive(Debug, Clone, Default)]
+pub struct HistogramSnapshot {
+    pub buckets: [u64; BUCKETS],
+    pub sum_us: u64,
+}
+
 /// One shard's counters.
 #[derive(Debug, Default)]
 pub struct ShardMetrics {
+    /// Request latency by [`ApiClass`] (index = position in `ApiClass::ALL`).
+    pub request_latency: [LatencyHistogram; 4],
     pub produce_requests: Cell<u64>,
     pub produce_bytes: Cell<u64>,
     pub produce_errors: Cell<u64>,
@@ -62,10 +127,16 @@ impl ShardMetrics {
         add(c, 1);
     }
 
+    pub fn record_latency(&self, api: ApiClass, elapsed: std::time::Duration) {
+        let i = ApiClass::ALL.iter().position(|a| *a == api).expect("every class is listed");
+        self.request_latency[i].record(elapsed);
+    }
+
     /// A plain-data copy, sendable to another shard.
     #[must_use]
     pub fn snapshot(&self, ctx: &ShardContext) -> MetricsSnapshot {
         MetricsSnapshot {
+            request_latency: self.request_latency.iter().map(LatencyHistogram::snapshot).collect(),
             produce_requests: self.produce_requests.get(),
             produce_bytes: self.produce_bytes.get(),
             produce_errors: self.produce_errors.get(),
@@ -86,6 +157,9 @@ impl ShardMetrics {
 
 #[derive(Debug, Clone, Default)]
 pub struct MetricsSnapshot {
+    /// By `ApiClass::ALL` (boxed in a `Vec`: it is most of the snapshot's
+    /// size, and snapshots travel in mesh messages).
+    pub request_latency: Vec<HistogramSnapshot>,
     pub produce_requests: u64,
     pub produce_bytes: u64,
     pub produce_errors: u64,
@@ -135,6 +209,7 @@ pub fn render(shards: &[MetricsSnapshot]) -> String {
     family("log_file_evictions_total", "counter", "Log files closed to stay within the budget.", &|s| {
         s.log_file_evictions
     });
+    render_latency(&mut out, shards);
     let _ = writeln!(
         out,
         "# HELP shardlog_fetch_bytes_total Record bytes served to fetches, by path.\n# TYPE shardlog_fetch_bytes_total counter"
@@ -149,6 +224,38 @@ pub fn render(shards: &[MetricsSnapshot]) -> String {
         }
     }
     out
+}
+
+/// `shardlog_request_duration_seconds`, a Prometheus histogram per shard and API.
+fn render_latency(out: &mut String, shards: &[MetricsSnapshot]) {
+    let _ = writeln!(
+        out,
+        "# HELP shardlog_request_duration_seconds Time from a request's arrival to its response, by API (fetch includes the long-poll wait).\n# TYPE shardlog_request_duration_seconds histogram"
+    );
+    for (shard, s) in shards.iter().enumerate() {
+        for (api, h) in ApiClass::ALL.iter().zip(&s.request_latency) {
+            let api = api.label();
+            let mut cumulative = 0u64;
+            for (i, n) in h.buckets.iter().enumerate() {
+                cumulative += n;
+                let le =
+                    LATENCY_BUCKETS_US.get(i).map_or("+Inf".to_string(), |us| (*us as f64 / 1e6).to_string());
+                let _ = writeln!(
+                    out,
+                    "shardlog_request_duration_seconds_bucket{{shard=\"{shard}\",api=\"{api}\",le=\"{le}\"}} {cumulative}"
+                );
+            }
+            let sum = h.sum_us as f64 / 1e6;
+            let _ = writeln!(
+                out,
+                "shardlog_request_duration_seconds_sum{{shard=\"{shard}\",api=\"{api}\"}} {sum}"
+            );
+            let _ = writeln!(
+                out,
+                "shardlog_request_duration_seconds_count{{shard=\"{shard}\",api=\"{api}\"}} {cumulative}"
+            );
+        }
+    }
 }
 
 /// Largest HTTP request head the admin listener reads.
@@ -253,6 +360,34 @@ async fn collect(ctx: &Rc<ShardContext>) -> Vec<MetricsSnapshot> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn latency_buckets_are_cumulative_with_inf_last() {
+        let m = ShardMetrics::default();
+        m.record_latency(ApiClass::Produce, Duration::from_micros(80));
+        m.record_latency(ApiClass::Produce, Duration::from_micros(100));
+        m.record_latency(ApiClass::Produce, Duration::from_micros(101));
+        m.record_latency(ApiClass::Produce, Duration::from_secs(60));
+        m.record_latency(ApiClass::Fetch, Duration::from_millis(3));
+        let snap = MetricsSnapshot {
+            request_latency: m.request_latency.iter().map(LatencyHistogram::snapshot).collect(),
+            ..MetricsSnapshot::default()
+        };
+        let text = render(&[snap]);
+        let line = |l: &str| text.lines().any(|x| x == l);
+        assert!(
+            line(r#"shardlog_request_duration_seconds_bucket{shard="0",api="produce",le="0.0001"} 2"#),
+            "{text}"
+        );
+        assert!(line(r#"shardlog_request_duration_seconds_bucket{shard="0",api="produce",le="0.00025"} 3"#));
+        assert!(line(r#"shardlog_request_duration_seconds_bucket{shard="0",api="produce",le="10"} 3"#));
+        assert!(line(r#"shardlog_request_duration_seconds_bucket{shard="0",api="produce",le="+Inf"} 4"#));
+        assert!(line(r#"shardlog_request_duration_seconds_count{shard="0",api="produce"} 4"#));
+        assert!(line(r#"shardlog_request_duration_seconds_bucket{shard="0",api="fetch",le="0.0025"} 0"#));
+        assert!(line(r#"shardlog_request_duration_seconds_bucket{shard="0",api="fetch",le="0.005"} 1"#));
+        assert!(line(r#"shardlog_request_duration_seconds_count{shard="0",api="admin"} 0"#));
+    }
 
     #[test]
     fn renders_labels_per_path() {

@@ -84,6 +84,20 @@ pub fn request_error(correlation_id: u32, api_key: ApiKey, code: ErrorCode, mess
 /// Handles one verified request. `header` is the envelope (already verified
 /// by the reader), `payload` the raw bytes that followed it.
 pub async fn handle(ctx: &Rc<ShardContext>, frame: wire::RequestFrame<'_>, payload: &[u8]) -> Outgoing {
+    use crate::metrics::ApiClass;
+    let class = match frame.api_key() {
+        ApiKey::Produce => ApiClass::Produce,
+        ApiKey::Fetch => ApiClass::Fetch,
+        ApiKey::CreateTopics | ApiKey::DeleteTopics => ApiClass::Admin,
+        _ => ApiClass::Metadata,
+    };
+    let started = std::time::Instant::now();
+    let out = handle_api(ctx, frame, payload).await;
+    ctx.metrics.record_latency(class, started.elapsed());
+    out
+}
+
+async fn handle_api(ctx: &Rc<ShardContext>, frame: wire::RequestFrame<'_>, payload: &[u8]) -> Outgoing {
     let corr = frame.correlation_id();
     let key = frame.api_key();
     let Some((_, _, max_version)) = API_VERSIONS.iter().find(|(k, _, _)| *k == key) else {
