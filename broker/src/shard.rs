@@ -160,6 +160,9 @@ pub struct ShardContext {
     pub splicer: Option<Rc<crate::io::splice::Splicer>>,
     /// Only on shard 0.
     store: Option<Box<dyn TopicStore>>,
+    /// Shard 0: one topic change at a time, so that a change read-modify-
+    /// writes the table while no other persists or broadcasts (both await).
+    topic_changes: Semaphore,
 }
 
 impl ShardContext {
@@ -214,6 +217,7 @@ impl ShardContext {
             splicer,
             log_options,
             store,
+            topic_changes: Semaphore::new(1),
         })
     }
 
@@ -307,8 +311,9 @@ impl ShardContext {
             }
         }
         let dir = partition_dir(&self.config.data_dir, topic, failed);
-        // One-off blocking removal on a failure path (glommio has no rmdir).
-        match std::fs::remove_dir_all(&dir) {
+        // glommio has no rmdir: remove on its blocking thread pool.
+        let removing = dir.clone();
+        match glommio::executor().spawn_blocking(move || std::fs::remove_dir_all(removing)).await {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
@@ -500,6 +505,7 @@ impl ShardContext {
     async fn create_topics(self: &Rc<Self>, specs: Vec<TopicSpec>) -> Vec<TopicOutcome> {
         let mut results = Vec::with_capacity(specs.len());
         for TopicSpec { name, partitions, replication_factor, configs } in specs {
+            let _change = self.topic_change().await;
             let result = self.create_topic(&name, partitions, replication_factor, &configs).await;
             results.push(TopicOutcome { name, result });
         }
@@ -542,7 +548,7 @@ impl ShardContext {
         let before = self.topics.borrow().clone();
         let mut table = before.clone();
         table.insert(name.to_string(), meta.clone());
-        self.persist(name, &table)?;
+        self.persist(name, &table).await?;
         let Err(e) = self.broadcast(name, || ShardOp::ApplyTopic(meta.clone())).await else {
             return Ok(());
         };
@@ -553,17 +559,18 @@ impl ShardContext {
         if let Err(undo) = self.broadcast(name, || ShardOp::RemoveTopic(name.to_string())).await {
             tracing::error!(topic = name, error = %undo, "rollback of a failed topic creation failed");
         }
-        self.persist(name, &before)?;
+        self.persist(name, &before).await?;
         Err(TopicOpError::RolledBack { source: Box::new(e) })
     }
 
     async fn delete_topics(self: &Rc<Self>, names: Vec<String>) -> Vec<TopicOutcome> {
         let mut results = Vec::with_capacity(names.len());
         for name in names {
+            let _change = self.topic_change().await;
             let result = if self.topics.borrow().contains_key(&name) {
                 let mut table = self.topics.borrow().clone();
                 table.remove(&name);
-                match self.persist(&name, &table) {
+                match self.persist(&name, &table).await {
                     Ok(()) => self.broadcast(&name, || ShardOp::RemoveTopic(name.clone())).await,
                     Err(e) => Err(e),
                 }
@@ -575,9 +582,14 @@ impl ShardContext {
         results
     }
 
-    fn persist(&self, topic: &str, table: &TopicTable) -> Result<(), TopicOpError> {
+    /// Waits for the turn to change topic metadata (see `topic_changes`).
+    async fn topic_change(&self) -> glommio::sync::Permit<'_> {
+        self.topic_changes.acquire_permit(1).await.expect("the topic-change semaphore is never closed")
+    }
+
+    async fn persist(&self, topic: &str, table: &TopicTable) -> Result<(), TopicOpError> {
         let store = self.store.as_ref().expect("topic metadata is written by shard 0 only");
-        store.store(table).map_err(|source| {
+        store.store(table).await.map_err(|source| {
             tracing::error!(topic, error = %source, "cannot persist topic metadata");
             TopicOpError::Persist { topic: topic.to_string(), source: Box::new(source) }
         })
