@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod net;
 pub mod partition;
 pub mod shard;
+pub mod topic_error;
 pub mod topics;
 
 use crate::config::BrokerConfig;
@@ -233,7 +234,7 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
                 }
                 r
             })
-            .map_err(|e| BrokerError::Thread(executor_error_hint(e.to_string())))?;
+            .map_err(|e| BrokerError::Thread(executor_error_hint(&e)))?;
         threads.push(t);
     }
     drop(status_tx);
@@ -336,7 +337,7 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
         ))
     });
     for meta in spec.topics.into_values() {
-        ctx.apply_topic(meta, false).await?;
+        ctx.apply_topic(meta, false).await.map_err(|e| e.to_string())?;
     }
     let accept_public = glommio::spawn_local(net::accept_loop(ctx.clone(), public, "public"));
     let accept_own = glommio::spawn_local(net::accept_loop(ctx.clone(), own, "shard"));
@@ -432,16 +433,22 @@ fn raise_open_files_limit() {
 }
 
 /// glommio registers its I/O buffers with io_uring, which counts against
-/// `RLIMIT_MEMLOCK` for users without CAP_IPC_LOCK: say so when that fails.
-fn executor_error_hint(message: String) -> String {
-    let lower = message.to_lowercase();
-    if lower.contains("memory") || lower.contains("enomem") || lower.contains("memlock") {
+/// `RLIMIT_MEMLOCK` for users without CAP_IPC_LOCK: say so when that fails
+/// (ENOMEM, recognised by its OS error number, not by message text).
+fn executor_error_hint(e: &glommio::GlommioError<()>) -> String {
+    let out_of_memory = match e {
+        glommio::GlommioError::IoError(io) | glommio::GlommioError::EnhancedIoError { source: io, .. } => {
+            io.raw_os_error() == Some(libc::ENOMEM) || io.kind() == std::io::ErrorKind::OutOfMemory
+        }
+        _ => false,
+    };
+    if out_of_memory {
         format!(
-            "{message} (each shard locks its io_uring buffers: run as root or raise the memlock limit, \
+            "{e} (each shard locks its io_uring buffers: run as root or raise the memlock limit, \
              `ulimit -l`, to at least 16 MiB per shard; see README Requirements)"
         )
     } else {
-        message
+        e.to_string()
     }
 }
 
@@ -451,4 +458,17 @@ pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::executor_error_hint;
+
+    #[test]
+    fn executor_hint_by_error_number() {
+        let enomem = glommio::GlommioError::IoError(std::io::Error::from_raw_os_error(libc::ENOMEM));
+        assert!(executor_error_hint(&enomem).contains("ulimit -l"));
+        let eagain = glommio::GlommioError::IoError(std::io::Error::from_raw_os_error(libc::EAGAIN));
+        assert!(!executor_error_hint(&eagain).contains("ulimit -l"));
+    }
 }

@@ -15,6 +15,7 @@
 
 use crate::config::{BrokerConfig, TopicConfig};
 use crate::partition::{Partition, PartitionError};
+use crate::topic_error::{TopicOpError, TopicOutcome};
 use crate::topics::{partition_dir, TopicMeta, TopicStore, TopicTable};
 use glommio::channels::channel_mesh::{Receivers, Senders};
 use glommio::channels::local_channel;
@@ -104,8 +105,8 @@ pub enum ShardReply {
     Fetch(Result<RemoteRead, (PartitionError, i64, i64)>),
     Waited,
     ListOffset(Result<(i64, i64), PartitionError>),
-    TopicResults(Vec<(String, ErrorCode, String)>),
-    Done(Result<(), String>),
+    TopicResults(Vec<TopicOutcome>),
+    Done(Result<(), TopicOpError>),
     Metrics(crate::metrics::MetricsSnapshot),
     /// The receiving shard is stopping.
     Unavailable,
@@ -159,6 +160,9 @@ pub struct ShardContext {
     pub splicer: Option<Rc<crate::io::splice::Splicer>>,
     /// Only on shard 0.
     store: Option<Box<dyn TopicStore>>,
+    /// Shard 0: one topic change at a time, so that a change read-modify-
+    /// writes the table while no other persists or broadcasts (both await).
+    topic_changes: Semaphore,
 }
 
 impl ShardContext {
@@ -213,6 +217,7 @@ impl ShardContext {
             splicer,
             log_options,
             store,
+            topic_changes: Semaphore::new(1),
         })
     }
 
@@ -273,7 +278,7 @@ impl ShardContext {
     /// `created`: the topic is being created now, so a failure removes what
     /// this shard made of it (partition logs and directories); at start-up
     /// (`false`) a failure leaves every file as it is.
-    pub async fn apply_topic(&self, meta: TopicMeta, created: bool) -> Result<(), String> {
+    pub async fn apply_topic(&self, meta: TopicMeta, created: bool) -> Result<(), TopicOpError> {
         let name: Rc<str> = Rc::from(meta.name.as_str());
         let mut slots: Vec<Option<Rc<Partition>>> = vec![None; meta.partitions as usize];
         for p in 0..meta.partitions {
@@ -283,11 +288,11 @@ impl ShardContext {
             let dir = partition_dir(&self.config.data_dir, &meta.name, p);
             match Partition::open(dir, name.clone(), p, meta.config.clone(), self.log_options.clone()).await {
                 Ok(part) => slots[p as usize] = Some(Rc::new(part)),
-                Err(e) => {
+                Err(source) => {
                     if created {
                         self.undo_partitions(&meta.name, p, slots).await;
                     }
-                    return Err(format!("cannot open partition {}-{p}: {e}", meta.name));
+                    return Err(TopicOpError::OpenPartition { topic: meta.name, partition: p, source });
                 }
             }
         }
@@ -306,8 +311,9 @@ impl ShardContext {
             }
         }
         let dir = partition_dir(&self.config.data_dir, topic, failed);
-        // One-off blocking removal on a failure path (glommio has no rmdir).
-        match std::fs::remove_dir_all(&dir) {
+        // glommio has no rmdir: remove on its blocking thread pool.
+        let removing = dir.clone();
+        match glommio::executor().spawn_blocking(move || std::fs::remove_dir_all(removing)).await {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
@@ -316,15 +322,16 @@ impl ShardContext {
         }
     }
 
-    async fn remove_topic(&self, name: &str) -> Result<(), String> {
+    async fn remove_topic(&self, name: &str) -> Result<(), TopicOpError> {
         self.topics.borrow_mut().remove(name);
         let slots = self.partitions.borrow_mut().remove(name).unwrap_or_default();
         for part in slots.into_iter().flatten() {
             part.data.notify();
-            part.log
-                .delete()
-                .await
-                .map_err(|e| format!("cannot delete partition {name}-{}: {e}", part.id))?;
+            part.log.delete().await.map_err(|source| TopicOpError::DeletePartition {
+                topic: name.to_string(),
+                partition: part.id,
+                source,
+            })?;
         }
         Ok(())
     }
@@ -495,15 +502,12 @@ impl ShardContext {
     }
 
     /// Shard 0 only: validates, persists, then applies on every shard.
-    async fn create_topics(self: &Rc<Self>, specs: Vec<TopicSpec>) -> Vec<(String, ErrorCode, String)> {
+    async fn create_topics(self: &Rc<Self>, specs: Vec<TopicSpec>) -> Vec<TopicOutcome> {
         let mut results = Vec::with_capacity(specs.len());
         for TopicSpec { name, partitions, replication_factor, configs } in specs {
-            let outcome = self.create_topic(&name, partitions, replication_factor, &configs).await;
-            let (code, message) = match outcome {
-                Ok(()) => (ErrorCode::None, String::new()),
-                Err(e) => (e.code, e.message),
-            };
-            results.push((name, code, message));
+            let _change = self.topic_change().await;
+            let result = self.create_topic(&name, partitions, replication_factor, &configs).await;
+            results.push(TopicOutcome { name, result });
         }
         results
     }
@@ -514,100 +518,102 @@ impl ShardContext {
         partitions: u32,
         replication: u16,
         configs: &[(String, String)],
-    ) -> Result<(), PartitionError> {
+    ) -> Result<(), TopicOpError> {
         use crate::topics::{validate_topic_name, TOPIC_PARTITIONS_MAX};
-        validate_topic_name(name).map_err(|m| PartitionError::new(ErrorCode::InvalidTopicName, m))?;
+        let topic = || name.to_string();
+        validate_topic_name(name).map_err(|reason| TopicOpError::InvalidName { topic: topic(), reason })?;
         if self.topics.borrow().contains_key(name) {
-            return Err(PartitionError::new(
-                ErrorCode::TopicAlreadyExists,
-                format!("topic `{name}` already exists"),
-            ));
+            return Err(TopicOpError::AlreadyExists { topic: topic() });
         }
         if partitions == 0 || partitions > TOPIC_PARTITIONS_MAX {
-            return Err(PartitionError::new(
-                ErrorCode::InvalidPartitions,
-                format!("partitions must be 1 to {TOPIC_PARTITIONS_MAX}, not {partitions}"),
-            ));
+            return Err(TopicOpError::InvalidPartitions {
+                topic: topic(),
+                partitions,
+                max: TOPIC_PARTITIONS_MAX,
+            });
         }
         let total: u64 = self.topics.borrow().values().map(|t| u64::from(t.partitions)).sum();
-        if total + u64::from(partitions) > self.config.limits.partitions_max as u64 {
-            return Err(PartitionError::new(
-                ErrorCode::ResourceLimit,
-                format!("broker holds {total} partitions; limit is {}", self.config.limits.partitions_max),
-            ));
+        let max = self.config.limits.partitions_max as u64;
+        if total + u64::from(partitions) > max {
+            return Err(TopicOpError::PartitionLimit { topic: topic(), total, max });
         }
         if replication != 1 {
-            return Err(PartitionError::new(
-                ErrorCode::InvalidConfig,
-                format!("replication factor {replication} needs a cluster; this broker runs alone (use 1)"),
-            ));
+            return Err(TopicOpError::Replication { topic: topic(), replication });
         }
         let mut config: TopicConfig = self.config.topic_defaults.clone();
         for (k, v) in configs {
-            config.set(k, v).map_err(|e| PartitionError::new(ErrorCode::InvalidConfig, e.to_string()))?;
+            config.set(k, v).map_err(|source| TopicOpError::BadConfig { topic: topic(), source })?;
         }
         let meta = TopicMeta { name: name.to_string(), partitions, config };
         let before = self.topics.borrow().clone();
         let mut table = before.clone();
         table.insert(name.to_string(), meta.clone());
-        self.persist(&table)?;
-        let Err(e) = self.broadcast(|| ShardOp::ApplyTopic(meta.clone())).await else {
+        self.persist(name, &table).await?;
+        let Err(e) = self.broadcast(name, || ShardOp::ApplyTopic(meta.clone())).await else {
             return Ok(());
         };
         // Some shard could not open its partitions (open-files limit, disk):
         // undo everywhere, so no shard serves half a topic and a restart does
         // not retry it.
-        tracing::warn!(topic = name, error = %e.message, "topic creation failed; rolling back");
-        if let Err(undo) = self.broadcast(|| ShardOp::RemoveTopic(name.to_string())).await {
-            tracing::error!(topic = name, error = %undo.message, "rollback of a failed topic creation failed");
+        tracing::warn!(topic = name, error = %e, "topic creation failed; rolling back");
+        if let Err(undo) = self.broadcast(name, || ShardOp::RemoveTopic(name.to_string())).await {
+            tracing::error!(topic = name, error = %undo, "rollback of a failed topic creation failed");
         }
-        self.persist(&before)?;
-        let code = if e.message.contains("too many open files") { ErrorCode::ResourceLimit } else { e.code };
-        Err(PartitionError::new(code, format!("{}; the topic was not created", e.message)))
+        self.persist(name, &before).await?;
+        Err(TopicOpError::RolledBack { source: Box::new(e) })
     }
 
-    async fn delete_topics(self: &Rc<Self>, names: Vec<String>) -> Vec<(String, ErrorCode, String)> {
+    async fn delete_topics(self: &Rc<Self>, names: Vec<String>) -> Vec<TopicOutcome> {
         let mut results = Vec::with_capacity(names.len());
         for name in names {
-            let outcome = if self.topics.borrow().contains_key(&name) {
+            let _change = self.topic_change().await;
+            let result = if self.topics.borrow().contains_key(&name) {
                 let mut table = self.topics.borrow().clone();
                 table.remove(&name);
-                match self.persist(&table) {
-                    Ok(()) => self.broadcast(|| ShardOp::RemoveTopic(name.clone())).await,
+                match self.persist(&name, &table).await {
+                    Ok(()) => self.broadcast(&name, || ShardOp::RemoveTopic(name.clone())).await,
                     Err(e) => Err(e),
                 }
             } else {
-                Err(PartitionError::new(
-                    ErrorCode::UnknownTopicOrPartition,
-                    format!("topic `{name}` does not exist"),
-                ))
+                Err(TopicOpError::Unknown { topic: name.clone() })
             };
-            let (code, message) =
-                outcome.map_or_else(|e| (e.code, e.message), |()| (ErrorCode::None, String::new()));
-            results.push((name, code, message));
+            results.push(TopicOutcome { name, result });
         }
         results
     }
 
-    fn persist(&self, table: &TopicTable) -> Result<(), PartitionError> {
+    /// Waits for the turn to change topic metadata (see `topic_changes`).
+    async fn topic_change(&self) -> glommio::sync::Permit<'_> {
+        self.topic_changes.acquire_permit(1).await.expect("the topic-change semaphore is never closed")
+    }
+
+    async fn persist(&self, topic: &str, table: &TopicTable) -> Result<(), TopicOpError> {
         let store = self.store.as_ref().expect("topic metadata is written by shard 0 only");
-        store.store(table).map_err(|e| {
-            tracing::error!(error = %e, "cannot persist topic metadata");
-            PartitionError::new(ErrorCode::StorageError, e.to_string())
+        store.store(table).await.map_err(|source| {
+            tracing::error!(topic, error = %source, "cannot persist topic metadata");
+            TopicOpError::Persist { topic: topic.to_string(), source: Box::new(source) }
         })
     }
 
-    async fn broadcast(self: &Rc<Self>, op: impl Fn() -> ShardOp) -> Result<(), PartitionError> {
+    /// Sends a topic change to every shard; the first failure is returned
+    /// (each is logged).
+    async fn broadcast(self: &Rc<Self>, topic: &str, op: impl Fn() -> ShardOp) -> Result<(), TopicOpError> {
         let mut first_error = None;
         for s in 0..self.shard_count {
-            let reply = self.call(ShardId(s), op()).await;
-            let err = match reply {
+            let err = match self.call(ShardId(s), op()).await {
                 ShardReply::Done(Ok(())) => continue,
                 ShardReply::Done(Err(e)) => e,
-                other => format!("shard {s} answered {other:?}"),
+                ShardReply::Unavailable => {
+                    TopicOpError::ShardUnavailable { topic: topic.to_string(), shard: s }
+                }
+                other => TopicOpError::UnexpectedReply {
+                    topic: topic.to_string(),
+                    shard: s,
+                    reply: format!("{other:?}"),
+                },
             };
             tracing::error!(shard = s, error = %err, "topic change failed on a shard");
-            first_error.get_or_insert(PartitionError::new(ErrorCode::StorageError, err));
+            first_error.get_or_insert(err);
         }
         first_error.map_or(Ok(()), Err)
     }

@@ -5,8 +5,14 @@
 //! ZooKeeper store (later) are interchangeable. Shard 0 is the only writer;
 //! every shard holds a read-only copy of the [`TopicTable`], updated by
 //! messages over the shard mesh.
+//!
+//! [`TopicStore::store`] runs on shard 0's executor, so it must not block
+//! it: the file store does its writes, fsyncs and rename on glommio's
+//! blocking thread pool. [`TopicStore::load`] runs once on the main thread
+//! before any shard starts, where blocking is fine.
 
 use crate::config::{ConfigError, TopicConfig};
+use futures_lite::future::BoxedLocal;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -71,14 +77,18 @@ pub enum TopicsError {
 /// Where topic metadata lives. Implementations: [`FileTopicStore`] (single
 /// node); a ZooKeeper-backed store later.
 pub trait TopicStore {
+    /// Reads the stored table. Blocking: start-up only, before the shards
+    /// run.
     fn load(&self) -> Result<TopicTable, TopicsError>;
-    /// Replaces the stored table atomically.
-    fn store(&self, table: &TopicTable) -> Result<(), TopicsError>;
+    /// Replaces the stored table atomically, without blocking the calling
+    /// executor. The table is captured when this is called.
+    fn store(&self, table: &TopicTable) -> BoxedLocal<Result<(), TopicsError>>;
 }
 
 /// `<data_dir>/topics.json`, replaced atomically (write temp, fsync, rename,
-/// fsync the directory). Writes happen only on topic creation and deletion,
-/// which are rare admin operations, so this uses plain blocking file I/O.
+/// fsync the directory). The file work runs on the calling executor's
+/// blocking thread pool (`glommio::executor().spawn_blocking`): glommio has
+/// no async rename or directory fsync, and the writes are rare and small.
 pub struct FileTopicStore {
     dir: PathBuf,
 }
@@ -115,34 +125,47 @@ impl TopicStore for FileTopicStore {
         Ok(table)
     }
 
-    fn store(&self, table: &TopicTable) -> Result<(), TopicsError> {
-        fn io<'p>(op: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> TopicsError + 'p {
-            move |source| TopicsError::Io { op, path: path.to_path_buf(), source }
-        }
-        let path = self.path();
-        let tmp = self.dir.join(format!("{TOPICS_FILE}.tmp"));
-        let file = TopicsFile {
-            version: 1,
-            topics: table
-                .values()
-                .map(|t| TopicRecord {
-                    name: t.name.clone(),
-                    partitions: t.partitions,
-                    configs: t.config.entries().into_iter().collect(),
-                })
-                .collect(),
-        };
-        let bytes = serde_json::to_vec_pretty(&file).expect("topic metadata serializes");
-        {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp).map_err(io("create", &tmp))?;
-            f.write_all(&bytes).map_err(io("write", &tmp))?;
-            f.sync_all().map_err(io("fsync", &tmp))?;
-        }
-        std::fs::rename(&tmp, &path).map_err(io("rename", &path))?;
-        std::fs::File::open(&self.dir).and_then(|d| d.sync_all()).map_err(io("fsync", &self.dir))?;
-        Ok(())
+    fn store(&self, table: &TopicTable) -> BoxedLocal<Result<(), TopicsError>> {
+        let bytes = encode(table);
+        let dir = self.dir.clone();
+        Box::pin(async move { glommio::executor().spawn_blocking(move || replace_file(&dir, &bytes)).await })
     }
+}
+
+/// The `topics.json` bytes for a table.
+fn encode(table: &TopicTable) -> Vec<u8> {
+    let file = TopicsFile {
+        version: 1,
+        topics: table
+            .values()
+            .map(|t| TopicRecord {
+                name: t.name.clone(),
+                partitions: t.partitions,
+                configs: t.config.entries().into_iter().collect(),
+            })
+            .collect(),
+    };
+    serde_json::to_vec_pretty(&file).expect("topic metadata serializes")
+}
+
+/// Replaces `<dir>/topics.json` with `bytes`: write a temp file, fsync it,
+/// rename it over the old one, fsync the directory. Blocking: call it off
+/// the shard executors.
+fn replace_file(dir: &Path, bytes: &[u8]) -> Result<(), TopicsError> {
+    fn io<'p>(op: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> TopicsError + 'p {
+        move |source| TopicsError::Io { op, path: path.to_path_buf(), source }
+    }
+    let path = dir.join(TOPICS_FILE);
+    let tmp = dir.join(format!("{TOPICS_FILE}.tmp"));
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp).map_err(io("create", &tmp))?;
+        f.write_all(bytes).map_err(io("write", &tmp))?;
+        f.sync_all().map_err(io("fsync", &tmp))?;
+    }
+    std::fs::rename(&tmp, &path).map_err(io("rename", &path))?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io("fsync", dir))?;
+    Ok(())
 }
 
 /// Checks a topic name: 1..=249 bytes of `[a-zA-Z0-9._-]`, not `.` or `..`.
@@ -189,8 +212,11 @@ mod tests {
         let mut table = TopicTable::new();
         let config = TopicConfig { flush: FlushPolicy::Always, ..TopicConfig::default() };
         table.insert("t".into(), TopicMeta { name: "t".into(), partitions: 3, config });
-        store.store(&table).expect("store");
+        // `store` needs an executor (it runs on its blocking pool).
+        let ex = glommio::LocalExecutorBuilder::default().make().expect("executor");
+        ex.run(store.store(&table)).expect("store");
         assert_eq!(store.load().expect("load"), table);
+        assert!(!dir.path().join(format!("{TOPICS_FILE}.tmp")).exists(), "temp file renamed away");
         std::fs::write(dir.path().join(TOPICS_FILE), b"{not json").expect("write");
         assert!(matches!(store.load(), Err(TopicsError::Corrupt { .. })));
     }

@@ -485,3 +485,33 @@ fn failed_topic_creation_leaves_no_partition_directories() {
     assert_eq!(c.produce("doomed", 5, &batch_of(&["x"])), (ErrorCode::None, 0));
     handle.shutdown().expect("clean shutdown");
 }
+
+#[test]
+fn topic_creations_and_deletions_survive_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let handle = broker(dir.path(), 2);
+    let mut c = Conn::open(handle.ready.listen.port());
+    for name in ["kept", "dropped", "recreated"] {
+        assert_eq!(c.create_topic(name, 3), ErrorCode::None);
+    }
+    assert_eq!(c.produce("kept", 1, &batch_of(&["k"])), (ErrorCode::None, 0));
+    assert_eq!(c.delete_topic("dropped"), ErrorCode::None);
+    assert_eq!(c.delete_topic("dropped"), ErrorCode::UnknownTopicOrPartition);
+    assert_eq!(c.delete_topic("recreated"), ErrorCode::None);
+    assert_eq!(c.create_topic("recreated", 2), ErrorCode::None);
+    handle.shutdown().expect("clean shutdown");
+    assert!(!dir.path().join("topics.json.tmp").exists(), "the temp file was renamed away");
+
+    let handle = broker(dir.path(), 2);
+    let mut c = Conn::open(handle.ready.listen.port());
+    let (err, data, hw) = c.fetch("kept", 1, 0, 0);
+    assert_eq!((err, hw), (ErrorCode::None, 1));
+    assert_eq!(values(&data), vec![(0, b"k".to_vec())]);
+    assert_eq!(c.fetch("dropped", 0, 0, 0).0, ErrorCode::UnknownTopicOrPartition);
+    assert_eq!(partition_dirs(dir.path(), "dropped"), Vec::<String>::new());
+    // Recreated with 2 partitions: the second creation is what was stored.
+    assert_eq!(c.fetch("recreated", 1, 0, 0).0, ErrorCode::None);
+    assert_eq!(c.fetch("recreated", 2, 0, 0).0, ErrorCode::UnknownTopicOrPartition);
+    assert_eq!(c.create_topic("kept", 3), ErrorCode::TopicAlreadyExists);
+    handle.shutdown().expect("clean shutdown");
+}

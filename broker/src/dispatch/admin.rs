@@ -3,20 +3,22 @@
 
 use super::response;
 use crate::shard::{ShardContext, ShardOp, ShardReply, TopicSpec};
+use crate::topic_error::{TopicOpError, TopicOutcome};
 use flatbuffers::FlatBufferBuilder;
-use shardlog_schema::wire::{self, ApiKey, ErrorCode};
+use shardlog_schema::wire::{self, ApiKey};
 use std::rc::Rc;
 
-fn topic_results(corr: u32, key: ApiKey, results: &[(String, ErrorCode, String)], create: bool) -> Vec<u8> {
+fn topic_results(corr: u32, key: ApiKey, results: &[TopicOutcome], create: bool) -> Vec<u8> {
     let mut fbb = FlatBufferBuilder::with_capacity(256);
     let rs: Vec<_> = results
         .iter()
-        .map(|(name, code, msg)| {
-            let name = fbb.create_string(name);
-            let msg = (!msg.is_empty()).then(|| fbb.create_string(msg));
+        .map(|outcome| {
+            let (code, msg) = outcome.code_and_message();
+            let name = fbb.create_string(&outcome.name);
+            let msg = (!msg.is_empty()).then(|| fbb.create_string(&msg));
             wire::TopicResult::create(
                 &mut fbb,
-                &wire::TopicResultArgs { name: Some(name), error: *code, message: msg },
+                &wire::TopicResultArgs { name: Some(name), error: code, message: msg },
             )
         })
         .collect();
@@ -36,13 +38,19 @@ fn topic_results(corr: u32, key: ApiKey, results: &[(String, ErrorCode, String)]
     }
 }
 
-async fn topic_admin(
-    ctx: &Rc<ShardContext>,
-    op: ShardOp,
-) -> Result<Vec<(String, ErrorCode, String)>, String> {
+/// Asks shard 0 to create or delete `names`; a reply other than results
+/// fails every topic with a typed error.
+async fn topic_admin(ctx: &Rc<ShardContext>, op: ShardOp, names: &[String]) -> Vec<TopicOutcome> {
+    let fail_all = |error: &dyn Fn(String) -> TopicOpError| {
+        names.iter().map(|n| TopicOutcome { name: n.clone(), result: Err(error(n.clone())) }).collect()
+    };
     match ctx.call(shardlog_schema::ShardId(0), op).await {
-        ShardReply::TopicResults(r) => Ok(r),
-        other => Err(format!("controller shard answered {other:?}")),
+        ShardReply::TopicResults(r) => r,
+        ShardReply::Unavailable => fail_all(&|topic| TopicOpError::ShardUnavailable { topic, shard: 0 }),
+        other => {
+            let reply = format!("{other:?}");
+            fail_all(&|topic| TopicOpError::UnexpectedReply { topic, shard: 0, reply: reply.clone() })
+        }
     }
 }
 
@@ -77,14 +85,13 @@ pub(super) async fn create_topics(
         })
         .unwrap_or_default();
     let names: Vec<String> = specs.iter().map(|s: &TopicSpec| s.name.clone()).collect();
-    let results = topic_admin(ctx, ShardOp::CreateTopics(specs)).await.unwrap_or_else(|e| {
-        names.into_iter().map(|n| (n, ErrorCode::BrokerShuttingDown, e.clone())).collect()
-    });
-    for (name, code, msg) in &results {
-        if *code == ErrorCode::None {
-            tracing::info!(topic = %name, "topic created");
-        } else {
-            tracing::info!(topic = %name, error = ?code, %msg, "topic not created");
+    let results = topic_admin(ctx, ShardOp::CreateTopics(specs), &names).await;
+    for outcome in &results {
+        match &outcome.result {
+            Ok(()) => tracing::info!(topic = %outcome.name, "topic created"),
+            Err(e) => {
+                tracing::info!(topic = %outcome.name, error = ?e.error_code(), msg = %e, "topic not created")
+            }
         }
     }
     topic_results(corr, ApiKey::CreateTopics, &results, true)
@@ -97,8 +104,6 @@ pub(super) async fn delete_topics(
 ) -> Vec<u8> {
     let names: Vec<String> =
         req.and_then(|r| r.topics()).map(|ts| ts.iter().map(str::to_string).collect()).unwrap_or_default();
-    let results = topic_admin(ctx, ShardOp::DeleteTopics(names.clone())).await.unwrap_or_else(|e| {
-        names.into_iter().map(|n| (n, ErrorCode::BrokerShuttingDown, e.clone())).collect()
-    });
+    let results = topic_admin(ctx, ShardOp::DeleteTopics(names.clone()), &names).await;
     topic_results(corr, ApiKey::DeleteTopics, &results, false)
 }

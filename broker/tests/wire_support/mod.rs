@@ -135,6 +135,25 @@ impl Conn {
         f.body_as_create_topics_response().expect("create body").results().expect("results").get(0).error()
     }
 
+    pub fn delete_topic(&mut self, name: &str) -> ErrorCode {
+        self.send(
+            ApiKey::DeleteTopics,
+            |fbb| {
+                let n = fbb.create_string(name);
+                let ts = fbb.create_vector(&[n]);
+                let b = wire::DeleteTopicsRequest::create(
+                    fbb,
+                    &wire::DeleteTopicsRequestArgs { topics: Some(ts) },
+                );
+                (wire::RequestBody::DeleteTopicsRequest, b.as_union_value())
+            },
+            &[],
+        );
+        let r = self.recv();
+        let f = r.frame();
+        f.body_as_delete_topics_response().expect("delete body").results().expect("results").get(0).error()
+    }
+
     pub fn produce(&mut self, topic: &str, partition: u32, batches: &[u8]) -> (ErrorCode, i64) {
         self.send_produce(&[(topic, partition, batches)]);
         let (_, _, error, base) = self.recv_produce().swap_remove(0);
