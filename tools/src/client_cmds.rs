@@ -2,7 +2,8 @@
 
 use crate::settings::Settings;
 use crate::{
-    AcksArg, ClientArgs, ConfigFileArg, ConsumeArgs, Format, OffsetResetArg, ProduceArgs, TopicCommand,
+    AcksArg, ClientArgs, ConfigFileArg, ConsumeArgs, Format, OffsetResetArg, OutputFormat, ProduceArgs,
+    TopicCommand,
 };
 use anyhow::{bail, Context};
 use base64::Engine as _;
@@ -70,19 +71,29 @@ pub async fn topic(cmd: TopicCommand) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot create topic `{name}`"))?;
             println!("created topic {name} with {partitions} partitions");
         }
-        TopicCommand::List { client, file } => {
+        TopicCommand::List { output, client, file } => {
             let (config, _) = client_config(&client, Some(&file))?;
-            for name in admin(config).await?.list_topics().await.context("cannot list topics")? {
-                println!("{name}");
+            let names = admin(config).await?.list_topics().await.context("cannot list topics")?;
+            match output {
+                OutputFormat::Json => println!("{}", serde_json::Value::from(names)),
+                OutputFormat::Text => {
+                    for name in names {
+                        println!("{name}");
+                    }
+                }
             }
         }
-        TopicCommand::Describe { name, client, file } => {
+        TopicCommand::Describe { name, output, client, file } => {
             let (config, _) = client_config(&client, Some(&file))?;
             let d = admin(config)
                 .await?
                 .describe_topic(&name)
                 .await
                 .with_context(|| format!("cannot describe `{name}`"))?;
+            if output == OutputFormat::Json {
+                println!("{}", describe_json(&d));
+                return Ok(());
+            }
             println!("topic: {}  partitions: {}", d.name, d.partitions.len());
             for (k, v) in &d.configs {
                 println!("  {k}={v}");
@@ -351,4 +362,27 @@ fn broken_pipe_is_fine(e: std::io::Error) -> anyhow::Result<()> {
         return Ok(());
     }
     Err(e).context("writing to stdout")
+}
+
+/// `topic describe --output json`: the fields of the text form, by name.
+fn describe_json(d: &shardlog_client::TopicDescription) -> serde_json::Value {
+    let partitions: Vec<serde_json::Value> = d
+        .partitions
+        .iter()
+        .map(|p| {
+            serde_json::json!({
+                "partition": p.partition,
+                "leader_broker": p.leader_broker,
+                "leader_shard": p.leader_shard,
+                "leader_host": p.leader_host,
+                "leader_port": p.leader_port,
+                "leader_epoch": p.leader_epoch,
+                "start_offset": p.start_offset,
+                "end_offset": p.end_offset,
+            })
+        })
+        .collect();
+    let configs: serde_json::Map<String, serde_json::Value> =
+        d.configs.iter().map(|(k, v)| (k.clone(), serde_json::Value::from(v.as_str()))).collect();
+    serde_json::json!({ "name": d.name, "partitions": partitions, "configs": configs })
 }

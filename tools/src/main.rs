@@ -70,16 +70,21 @@ pub enum TopicCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// List topic names, one per line.
+    /// List topic names, one per line (`--output json`: a JSON array).
     List {
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
         #[command(flatten)]
         client: ClientArgs,
         #[command(flatten)]
         file: ConfigFileArg,
     },
-    /// Show partitions (leader broker, shard, port, start and end offsets) and settings.
+    /// Show partitions (leader broker, shard, port, start and end offsets) and
+    /// settings (`--output json`: one JSON object with the same fields).
     Describe {
         name: String,
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
         #[command(flatten)]
         client: ClientArgs,
         #[command(flatten)]
@@ -93,6 +98,15 @@ pub enum TopicCommand {
         #[command(flatten)]
         file: ConfigFileArg,
     },
+}
+
+/// How a reading command prints its answer.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// For people: aligned text.
+    Text,
+    /// For scripts: JSON on one line.
+    Json,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]

@@ -213,6 +213,20 @@ fn topic_create_list_describe_delete() {
         assert_eq!((row[4], row[5]), ("0", end), "start and end offsets of partition {}", row[0]);
     }
 
+    let listed: serde_json::Value =
+        serde_json::from_str(&broker.ok(&["topic", "list", "--output", "json"], "")).expect("list is JSON");
+    assert_eq!(listed, serde_json::json!(["alpha", "beta"]));
+    let described: serde_json::Value =
+        serde_json::from_str(&broker.ok(&["topic", "describe", "alpha", "--output", "json"], ""))
+            .expect("describe is JSON");
+    assert_eq!(described["name"], "alpha");
+    assert_eq!(described["configs"]["retention.ms"], "60000");
+    let parts = described["partitions"].as_array().expect("partitions");
+    assert_eq!(parts.len(), 4);
+    assert_eq!(parts[2]["partition"], 2);
+    assert_eq!((parts[2]["start_offset"].as_u64(), parts[2]["end_offset"].as_u64()), (Some(0), Some(3)));
+    assert!(parts.iter().all(|p| p["leader_port"].as_u64().is_some_and(|port| port > 0)));
+
     let dup = broker.run(&["topic", "create", "alpha", "--partitions", "1"], "");
     assert!(!dup.status.success());
     assert!(String::from_utf8_lossy(&dup.stderr).contains("TopicAlreadyExists"));
