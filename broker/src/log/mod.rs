@@ -587,98 +587,14 @@ impl Log {
         read::offset_for_timestamp(&self.sh, ts_ms).await
     }
 
-    /// Deletes whole sealed segments beyond `retention.bytes` or older than
-    /// `retention.ms` (by their largest timestamp). Never the active one.
-    pub async fn enforce_retention(&self, now_ms: i64) -> Result<RetentionOutcome, LogError> {
-        let sh = &self.sh;
-        let victims = {
-            let mut st = sh.st.borrow_mut();
-            let mut total = st.closed_bytes + st.active.end_pos;
-            let mut victims = Vec::new();
-            while let Some(seg) = st.closed.front() {
-                let by_bytes = sh.config.retention_bytes.is_some_and(|rb| total - seg.size() >= rb);
-                let by_age = sh
-                    .config
-                    .retention_ms
-                    .is_some_and(|ms| seg.summary.max_timestamp < now_ms.saturating_sub(ms as i64));
-                if !(by_bytes || by_age) {
-                    break;
-                }
-                total -= seg.size();
-                let seg = st.closed.pop_front().expect("front exists");
-                st.closed_bytes -= seg.size();
-                victims.push(seg);
-            }
-            victims
-        };
-        let mut outcome = RetentionOutcome::default();
-        for seg in victims {
-            tracing::info!(
-                dir = %sh.dir.display(), base = seg.base, next = seg.summary.next_offset,
-                bytes = seg.size(), "retention deletes segment"
-            );
-            outcome.segments_deleted += 1;
-            outcome.bytes_deleted += seg.size();
-            remove_segment_files(&sh.dir, seg.base).await?;
-        }
-        Ok(outcome)
-    }
-
     /// Makes everything appended so far durable.
     pub async fn flush(&self) -> Result<(), LogError> {
         flush_inner(&self.sh).await
     }
 
-    /// Flushes, seals the active segment's indexes, truncates preallocation
-    /// and writes the clean-shutdown marker. Appends fail afterwards.
-    pub async fn close(&self) -> Result<(), LogError> {
-        let sh = &self.sh;
-        if sh.st.borrow().shut {
-            return Ok(());
-        }
-        wait_not_rolling(sh).await;
-        sh.st.borrow_mut().shut = true;
-        flush_inner(sh).await?;
-        let (base, end_pos, next) = {
-            let st = sh.st.borrow();
-            let a = &st.active;
-            (a.base, a.end_pos, a.next_offset)
-        };
-        let file = write_file(sh, base).await?;
-        seal_active(sh, &file).await?;
-        let marker = CleanMarker { next_offset: next, active_base: base, active_bytes: end_pos };
-        let json = serde_json::to_vec(&marker).expect("marker serializes");
-        segment::write_file_durably(&sh.dir.join(CLEAN_SHUTDOWN_FILE), json).await?;
-        sync_dir(&sh.dir).await?;
-        sh.changed.notify_all();
-        tracing::debug!(dir = %sh.dir.display(), next_offset = next, "log closed cleanly");
-        Ok(())
-    }
-
     /// Drops every batch at or after `offset` (a batch boundary).
     pub async fn truncate_to(&self, offset: Offset) -> Result<(), LogError> {
         recovery::truncate_to(&self.sh, offset.0).await
-    }
-
-    /// Removes all files and the directory (topic deletion).
-    pub async fn delete(&self) -> Result<(), LogError> {
-        let sh = &self.sh;
-        wait_not_rolling(sh).await;
-        sh.st.borrow_mut().shut = true;
-        // Let in-flight writes finish so no task touches the files afterwards;
-        // their errors do not matter any more.
-        if let Err(e) = flush_inner(sh).await {
-            tracing::debug!(dir = %sh.dir.display(), error = %e, "flush before delete failed");
-        }
-        // One-off directory listing at topic deletion (glommio has no readdir).
-        let entries = std::fs::read_dir(&sh.dir).map_err(|e| LogError::io("listing", &sh.dir, e))?;
-        for entry in entries {
-            let path = entry.map_err(|e| LogError::io("listing", &sh.dir, e))?.path();
-            glommio::io::remove(&path).await.map_err(|e| LogError::glommio("removing", &path, e))?;
-        }
-        // One-off rmdir (glommio has no async rmdir).
-        std::fs::remove_dir(&sh.dir).map_err(|e| LogError::io("removing directory", &sh.dir, e))?;
-        Ok(())
     }
 }
 
@@ -847,6 +763,7 @@ async fn sync_dir(dir: &Path) -> Result<(), LogError> {
     Ok(())
 }
 
+mod lifecycle;
 mod read;
 mod recovery;
 mod roll;
