@@ -139,8 +139,8 @@ pub struct ShardContext {
     /// Requests to each shard (by shard id), queued in call order and sent
     /// by one pump task per destination (`spawn_mesh_receivers`): a full
     /// mesh channel makes callers wait in line, never overtake each other.
-    outbox: Vec<local_channel::LocalSender<ShardMsg>>,
-    outbox_rx: RefCell<Vec<local_channel::LocalReceiver<ShardMsg>>>,
+    outbox: Vec<local_channel::LocalSender<(u64, ShardOp)>>,
+    outbox_rx: RefCell<Vec<local_channel::LocalReceiver<(u64, ShardOp)>>>,
     pending: RefCell<HashMap<u64, local_channel::LocalSender<ShardReply>>>,
     next_request_id: Cell<u64>,
     /// Requests being handled on this shard.
@@ -347,9 +347,8 @@ impl ShardContext {
         self.next_request_id.set(id + 1);
         let (tx, rx) = local_channel::new_bounded(1);
         self.pending.borrow_mut().insert(id, tx);
-        let msg = ShardMsg::Request { id, from: self.id.0 as usize, op };
         // Queued now, in call order (see `outbox`).
-        if self.outbox[to.0 as usize].try_send(msg).is_err() {
+        if self.outbox[to.0 as usize].try_send((id, op)).is_err() {
             self.pending.borrow_mut().remove(&id);
             return ShardReply::Unavailable;
         }
@@ -358,13 +357,14 @@ impl ShardContext {
 
     /// Sends the requests queued for shard `to` in order; ends when the
     /// shard context goes away.
-    async fn pump_outbox(ctx: std::rc::Weak<Self>, to: usize, rx: local_channel::LocalReceiver<ShardMsg>) {
-        while let Some(msg) = rx.recv().await {
+    async fn pump_outbox(
+        ctx: std::rc::Weak<Self>,
+        to: usize,
+        rx: local_channel::LocalReceiver<(u64, ShardOp)>,
+    ) {
+        while let Some((id, op)) = rx.recv().await {
             let Some(ctx) = ctx.upgrade() else { return };
-            let id = match &msg {
-                ShardMsg::Request { id, .. } => *id,
-                ShardMsg::Reply { .. } => unreachable!("replies are sent directly"),
-            };
+            let msg = ShardMsg::Request { id, from: ctx.id.0 as usize, op };
             if ctx.mesh.send_to(to, msg).await.is_err() {
                 // The caller's reply channel closes: it answers Unavailable.
                 ctx.pending.borrow_mut().remove(&id);
