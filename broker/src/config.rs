@@ -203,6 +203,45 @@ impl Default for Limits {
     }
 }
 
+/// Consumer-group coordinator settings (Kafka's names in brackets).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupConfig {
+    /// Partitions of `__consumer_offsets` [`offsets.topic.num.partitions`];
+    /// used when the topic is first created, fixed after that (the group →
+    /// partition function depends on it).
+    pub offsets_topic_partitions: u32,
+    /// Segment size of `__consumer_offsets` [`offsets.topic.segment.bytes`]:
+    /// compaction works on sealed segments, so this bounds what it leaves.
+    pub offsets_topic_segment_bytes: u64,
+    /// How long the first rebalance of an empty group waits for more members
+    /// [`group.initial.rebalance.delay.ms`].
+    pub initial_rebalance_delay: Duration,
+    /// Bounds on a member's session timeout [`group.min.session.timeout.ms`,
+    /// `group.max.session.timeout.ms`].
+    pub session_timeout_min: Duration,
+    pub session_timeout_max: Duration,
+    /// Most members of one group [`group.max.size`].
+    pub members_max: usize,
+    /// Longest metadata string of an offset commit [`offset.metadata.max.bytes`].
+    pub offset_metadata_bytes_max: usize,
+}
+
+pub const OFFSETS_TOPIC_PARTITIONS_DEFAULT: u32 = 16;
+
+impl Default for GroupConfig {
+    fn default() -> Self {
+        GroupConfig {
+            offsets_topic_partitions: OFFSETS_TOPIC_PARTITIONS_DEFAULT,
+            offsets_topic_segment_bytes: 100 << 20,
+            initial_rebalance_delay: Duration::from_millis(3000),
+            session_timeout_min: Duration::from_millis(1000),
+            session_timeout_max: Duration::from_secs(1800),
+            members_max: 10_000,
+            offset_metadata_bytes_max: 4096,
+        }
+    }
+}
+
 /// How fetch responses send segment-file bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FetchPath {
@@ -261,6 +300,8 @@ pub struct BrokerConfig {
     /// the open-files limit less a reserve for sockets, split over the
     /// shards (`log::shard_files_max`).
     pub open_files_shard_max: Option<usize>,
+    /// Consumer groups: the offsets topic and the coordinator's bounds.
+    pub group: GroupConfig,
 }
 
 impl BrokerConfig {
@@ -284,6 +325,7 @@ impl BrokerConfig {
             hot_tail_shard_bytes: crate::log::HOT_TAIL_SHARD_BYTES_DEFAULT,
             hot_tail_partition_bytes: crate::log::HOT_TAIL_LOG_BYTES_DEFAULT,
             open_files_shard_max: None,
+            group: GroupConfig::default(),
         }
     }
 }

@@ -359,12 +359,28 @@ impl<'fbb> BatchBuilder<'fbb> {
 
     /// Adds a record. `timestamp_ms` is the create time.
     pub fn push(&mut self, key: Option<&[u8]>, value: &[u8], headers: &[HeaderRef<'_>], timestamp_ms: i64) {
+        self.push_record(key, Some(value), headers, timestamp_ms);
+    }
+
+    /// Adds a tombstone: a record with a key and a null value, which tells
+    /// keyed compaction (`cleanup.policy=compact`) to delete the key.
+    pub fn push_tombstone(&mut self, key: &[u8], headers: &[HeaderRef<'_>], timestamp_ms: i64) {
+        self.push_record(Some(key), None, headers, timestamp_ms);
+    }
+
+    fn push_record(
+        &mut self,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        headers: &[HeaderRef<'_>],
+        timestamp_ms: i64,
+    ) {
         if self.records.is_empty() {
             self.first_timestamp = timestamp_ms;
         }
         self.max_timestamp = self.max_timestamp.max(timestamp_ms);
         let key = key.map(|k| self.fbb.create_vector(k));
-        let value = self.fbb.create_vector(value);
+        let value = value.map(|v| self.fbb.create_vector(v));
         let headers = if headers.is_empty() {
             None
         } else {
@@ -387,7 +403,7 @@ impl<'fbb> BatchBuilder<'fbb> {
                 offset_delta: self.records.len() as u32,
                 timestamp_delta: timestamp_ms - self.first_timestamp,
                 key,
-                value: Some(value),
+                value,
                 headers,
             },
         );
@@ -512,8 +528,11 @@ pub struct RecordView<'a> {
     pub offset: u64,
     pub timestamp_ms: i64,
     pub key: Option<&'a [u8]>,
+    /// Empty for a tombstone (see `tombstone`).
     pub value: &'a [u8],
     pub headers: Vec<(&'a str, &'a [u8])>,
+    /// The value is null: a tombstone for its key (`BatchBuilder::push_tombstone`).
+    pub tombstone: bool,
 }
 
 /// Decodes the records of one validated batch (`batch` is exactly one batch).
@@ -544,6 +563,7 @@ pub fn records(batch: &[u8]) -> Result<Vec<RecordView<'_>>, BatchError> {
             key: r.key().map(|k| k.bytes()),
             value: r.value().map_or(&[][..], |v| v.bytes()),
             headers,
+            tombstone: r.value().is_none(),
         });
     }
     Ok(out)

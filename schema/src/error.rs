@@ -15,6 +15,8 @@ pub fn is_retriable(code: ErrorCode) -> bool {
             | ErrorCode::TooManyInFlight
             | ErrorCode::ResourceLimit
             | ErrorCode::UnknownTopicOrPartition
+            | ErrorCode::CoordinatorNotAvailable
+            | ErrorCode::NotCoordinator
     )
 }
 
@@ -37,6 +39,8 @@ mod tests {
         assert_eq!(ErrorCode::OffsetOutOfRange.0, 4);
         assert_eq!(ErrorCode::StorageError.0, 14);
         assert_eq!(ErrorCode::ResourceLimit.0, 19);
+        assert_eq!(ErrorCode::CoordinatorNotAvailable.0, 20);
+        assert_eq!(ErrorCode::OffsetMetadataTooLarge.0, 32);
         assert_eq!(name(ErrorCode::OffsetOutOfRange), "OffsetOutOfRange");
     }
 }

@@ -52,6 +52,19 @@ pub fn shard_for(topic: &str, partition: PartitionId, shard_count: u16) -> Shard
     ShardId(((start + u64::from(partition.0)) % u64::from(shard_count)) as u16)
 }
 
+/// The internal topic that holds every consumer group's state and offsets.
+pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+
+/// The `__consumer_offsets` partition that holds group `group` (whose owner
+/// coordinates the group): `fnv1a(group) % partitions`. Pure and stable, like
+/// [`shard_for`]; `partitions` is `offsets.topic.num.partitions`, fixed when
+/// the topic is first created.
+#[must_use]
+pub fn group_partition(group: &str, partitions: u32) -> PartitionId {
+    assert!(partitions > 0, "the offsets topic has at least one partition");
+    PartitionId((fnv1a(group.as_bytes()) % u64::from(partitions)) as u32)
+}
+
 /// 64-bit FNV-1a, stable across versions and platforms.
 #[must_use]
 pub fn fnv1a(bytes: &[u8]) -> u64 {
@@ -74,6 +87,16 @@ mod tests {
             assert_eq!((w[0] + 1) % 4, w[1]);
         }
         assert_eq!(shard_for("anything", PartitionId(7), 1), ShardId(0));
+    }
+
+    #[test]
+    fn group_partition_is_stable() {
+        // Part of the on-disk contract: changing it moves every group.
+        assert_eq!(group_partition("g", 16), PartitionId((fnv1a(b"g") % 16) as u32));
+        assert_eq!(group_partition("anything", 1), PartitionId(0));
+        let spread: std::collections::HashSet<u32> =
+            (0..200).map(|i| group_partition(&format!("group-{i}"), 16).0).collect();
+        assert_eq!(spread.len(), 16);
     }
 
     #[test]

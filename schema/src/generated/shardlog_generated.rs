@@ -13,10 +13,10 @@ pub mod wire {
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_API_KEY: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_API_KEY: u16 = 6;
+pub const ENUM_MAX_API_KEY: u16 = 16;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_API_KEY: [ApiKey; 7] = [
+pub const ENUM_VALUES_API_KEY: [ApiKey; 17] = [
   ApiKey::ApiVersions,
   ApiKey::Metadata,
   ApiKey::CreateTopics,
@@ -24,6 +24,16 @@ pub const ENUM_VALUES_API_KEY: [ApiKey; 7] = [
   ApiKey::Produce,
   ApiKey::Fetch,
   ApiKey::ListOffsets,
+  ApiKey::FindCoordinator,
+  ApiKey::JoinGroup,
+  ApiKey::SyncGroup,
+  ApiKey::Heartbeat,
+  ApiKey::LeaveGroup,
+  ApiKey::OffsetCommit,
+  ApiKey::OffsetFetch,
+  ApiKey::ListGroups,
+  ApiKey::DescribeGroups,
+  ApiKey::DeleteGroups,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -38,9 +48,19 @@ impl ApiKey {
   pub const Produce: Self = Self(4);
   pub const Fetch: Self = Self(5);
   pub const ListOffsets: Self = Self(6);
+  pub const FindCoordinator: Self = Self(7);
+  pub const JoinGroup: Self = Self(8);
+  pub const SyncGroup: Self = Self(9);
+  pub const Heartbeat: Self = Self(10);
+  pub const LeaveGroup: Self = Self(11);
+  pub const OffsetCommit: Self = Self(12);
+  pub const OffsetFetch: Self = Self(13);
+  pub const ListGroups: Self = Self(14);
+  pub const DescribeGroups: Self = Self(15);
+  pub const DeleteGroups: Self = Self(16);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 6;
+  pub const ENUM_MAX: u16 = 16;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::ApiVersions,
     Self::Metadata,
@@ -49,6 +69,16 @@ impl ApiKey {
     Self::Produce,
     Self::Fetch,
     Self::ListOffsets,
+    Self::FindCoordinator,
+    Self::JoinGroup,
+    Self::SyncGroup,
+    Self::Heartbeat,
+    Self::LeaveGroup,
+    Self::OffsetCommit,
+    Self::OffsetFetch,
+    Self::ListGroups,
+    Self::DescribeGroups,
+    Self::DeleteGroups,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -60,6 +90,16 @@ impl ApiKey {
       Self::Produce => Some("Produce"),
       Self::Fetch => Some("Fetch"),
       Self::ListOffsets => Some("ListOffsets"),
+      Self::FindCoordinator => Some("FindCoordinator"),
+      Self::JoinGroup => Some("JoinGroup"),
+      Self::SyncGroup => Some("SyncGroup"),
+      Self::Heartbeat => Some("Heartbeat"),
+      Self::LeaveGroup => Some("LeaveGroup"),
+      Self::OffsetCommit => Some("OffsetCommit"),
+      Self::OffsetFetch => Some("OffsetFetch"),
+      Self::ListGroups => Some("ListGroups"),
+      Self::DescribeGroups => Some("DescribeGroups"),
+      Self::DeleteGroups => Some("DeleteGroups"),
       _ => None,
     }
   }
@@ -117,10 +157,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for ApiKey {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ERROR_CODE: u16 = 19;
+pub const ENUM_MAX_ERROR_CODE: u16 = 32;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 20] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 33] = [
   ErrorCode::None,
   ErrorCode::Unknown,
   ErrorCode::CorruptMessage,
@@ -141,6 +181,19 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 20] = [
   ErrorCode::BrokerShuttingDown,
   ErrorCode::TooManyInFlight,
   ErrorCode::ResourceLimit,
+  ErrorCode::CoordinatorNotAvailable,
+  ErrorCode::NotCoordinator,
+  ErrorCode::IllegalGeneration,
+  ErrorCode::UnknownMemberId,
+  ErrorCode::RebalanceInProgress,
+  ErrorCode::InconsistentGroupProtocol,
+  ErrorCode::FencedInstanceId,
+  ErrorCode::GroupIdNotFound,
+  ErrorCode::NonEmptyGroup,
+  ErrorCode::InvalidGroupId,
+  ErrorCode::InvalidSessionTimeout,
+  ErrorCode::GroupMaxSizeReached,
+  ErrorCode::OffsetMetadataTooLarge,
 ];
 
 /// Error codes a client can see. Append only; never renumber.
@@ -169,9 +222,34 @@ impl ErrorCode {
   pub const BrokerShuttingDown: Self = Self(17);
   pub const TooManyInFlight: Self = Self(18);
   pub const ResourceLimit: Self = Self(19);
+  /// The group's coordinator is loading its state or not up yet: retry.
+  pub const CoordinatorNotAvailable: Self = Self(20);
+  /// This broker/shard does not coordinate the group: find it again.
+  pub const NotCoordinator: Self = Self(21);
+  /// The generation given is not the group's current one.
+  pub const IllegalGeneration: Self = Self(22);
+  /// The member id is not (or no longer) a member of the group.
+  pub const UnknownMemberId: Self = Self(23);
+  /// The group is rebalancing: rejoin.
+  pub const RebalanceInProgress: Self = Self(24);
+  /// None of the member's protocols is supported by every other member
+  /// (or its protocol type differs from the group's).
+  pub const InconsistentGroupProtocol: Self = Self(25);
+  /// Another member with the same group instance id has taken its place.
+  pub const FencedInstanceId: Self = Self(26);
+  /// No such group.
+  pub const GroupIdNotFound: Self = Self(27);
+  /// The operation needs a group without members.
+  pub const NonEmptyGroup: Self = Self(28);
+  pub const InvalidGroupId: Self = Self(29);
+  /// The session timeout is outside the broker's bounds.
+  pub const InvalidSessionTimeout: Self = Self(30);
+  pub const GroupMaxSizeReached: Self = Self(31);
+  /// An offset commit with metadata over the broker's limit.
+  pub const OffsetMetadataTooLarge: Self = Self(32);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 19;
+  pub const ENUM_MAX: u16 = 32;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::None,
     Self::Unknown,
@@ -193,6 +271,19 @@ impl ErrorCode {
     Self::BrokerShuttingDown,
     Self::TooManyInFlight,
     Self::ResourceLimit,
+    Self::CoordinatorNotAvailable,
+    Self::NotCoordinator,
+    Self::IllegalGeneration,
+    Self::UnknownMemberId,
+    Self::RebalanceInProgress,
+    Self::InconsistentGroupProtocol,
+    Self::FencedInstanceId,
+    Self::GroupIdNotFound,
+    Self::NonEmptyGroup,
+    Self::InvalidGroupId,
+    Self::InvalidSessionTimeout,
+    Self::GroupMaxSizeReached,
+    Self::OffsetMetadataTooLarge,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -217,6 +308,19 @@ impl ErrorCode {
       Self::BrokerShuttingDown => Some("BrokerShuttingDown"),
       Self::TooManyInFlight => Some("TooManyInFlight"),
       Self::ResourceLimit => Some("ResourceLimit"),
+      Self::CoordinatorNotAvailable => Some("CoordinatorNotAvailable"),
+      Self::NotCoordinator => Some("NotCoordinator"),
+      Self::IllegalGeneration => Some("IllegalGeneration"),
+      Self::UnknownMemberId => Some("UnknownMemberId"),
+      Self::RebalanceInProgress => Some("RebalanceInProgress"),
+      Self::InconsistentGroupProtocol => Some("InconsistentGroupProtocol"),
+      Self::FencedInstanceId => Some("FencedInstanceId"),
+      Self::GroupIdNotFound => Some("GroupIdNotFound"),
+      Self::NonEmptyGroup => Some("NonEmptyGroup"),
+      Self::InvalidGroupId => Some("InvalidGroupId"),
+      Self::InvalidSessionTimeout => Some("InvalidSessionTimeout"),
+      Self::GroupMaxSizeReached => Some("GroupMaxSizeReached"),
+      Self::OffsetMetadataTooLarge => Some("OffsetMetadataTooLarge"),
       _ => None,
     }
   }
@@ -274,10 +378,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for ErrorCode {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_REQUEST_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_REQUEST_BODY: u8 = 7;
+pub const ENUM_MAX_REQUEST_BODY: u8 = 17;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_REQUEST_BODY: [RequestBody; 8] = [
+pub const ENUM_VALUES_REQUEST_BODY: [RequestBody; 18] = [
   RequestBody::NONE,
   RequestBody::ApiVersionsRequest,
   RequestBody::MetadataRequest,
@@ -286,6 +390,16 @@ pub const ENUM_VALUES_REQUEST_BODY: [RequestBody; 8] = [
   RequestBody::ProduceRequest,
   RequestBody::FetchRequest,
   RequestBody::ListOffsetsRequest,
+  RequestBody::FindCoordinatorRequest,
+  RequestBody::JoinGroupRequest,
+  RequestBody::SyncGroupRequest,
+  RequestBody::HeartbeatRequest,
+  RequestBody::LeaveGroupRequest,
+  RequestBody::OffsetCommitRequest,
+  RequestBody::OffsetFetchRequest,
+  RequestBody::ListGroupsRequest,
+  RequestBody::DescribeGroupsRequest,
+  RequestBody::DeleteGroupsRequest,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -301,9 +415,19 @@ impl RequestBody {
   pub const ProduceRequest: Self = Self(5);
   pub const FetchRequest: Self = Self(6);
   pub const ListOffsetsRequest: Self = Self(7);
+  pub const FindCoordinatorRequest: Self = Self(8);
+  pub const JoinGroupRequest: Self = Self(9);
+  pub const SyncGroupRequest: Self = Self(10);
+  pub const HeartbeatRequest: Self = Self(11);
+  pub const LeaveGroupRequest: Self = Self(12);
+  pub const OffsetCommitRequest: Self = Self(13);
+  pub const OffsetFetchRequest: Self = Self(14);
+  pub const ListGroupsRequest: Self = Self(15);
+  pub const DescribeGroupsRequest: Self = Self(16);
+  pub const DeleteGroupsRequest: Self = Self(17);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 7;
+  pub const ENUM_MAX: u8 = 17;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::ApiVersionsRequest,
@@ -313,6 +437,16 @@ impl RequestBody {
     Self::ProduceRequest,
     Self::FetchRequest,
     Self::ListOffsetsRequest,
+    Self::FindCoordinatorRequest,
+    Self::JoinGroupRequest,
+    Self::SyncGroupRequest,
+    Self::HeartbeatRequest,
+    Self::LeaveGroupRequest,
+    Self::OffsetCommitRequest,
+    Self::OffsetFetchRequest,
+    Self::ListGroupsRequest,
+    Self::DescribeGroupsRequest,
+    Self::DeleteGroupsRequest,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -325,6 +459,16 @@ impl RequestBody {
       Self::ProduceRequest => Some("ProduceRequest"),
       Self::FetchRequest => Some("FetchRequest"),
       Self::ListOffsetsRequest => Some("ListOffsetsRequest"),
+      Self::FindCoordinatorRequest => Some("FindCoordinatorRequest"),
+      Self::JoinGroupRequest => Some("JoinGroupRequest"),
+      Self::SyncGroupRequest => Some("SyncGroupRequest"),
+      Self::HeartbeatRequest => Some("HeartbeatRequest"),
+      Self::LeaveGroupRequest => Some("LeaveGroupRequest"),
+      Self::OffsetCommitRequest => Some("OffsetCommitRequest"),
+      Self::OffsetFetchRequest => Some("OffsetFetchRequest"),
+      Self::ListGroupsRequest => Some("ListGroupsRequest"),
+      Self::DescribeGroupsRequest => Some("DescribeGroupsRequest"),
+      Self::DeleteGroupsRequest => Some("DeleteGroupsRequest"),
       _ => None,
     }
   }
@@ -384,10 +528,10 @@ pub struct RequestBodyUnionTableOffset {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_RESPONSE_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_RESPONSE_BODY: u8 = 7;
+pub const ENUM_MAX_RESPONSE_BODY: u8 = 17;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_RESPONSE_BODY: [ResponseBody; 8] = [
+pub const ENUM_VALUES_RESPONSE_BODY: [ResponseBody; 18] = [
   ResponseBody::NONE,
   ResponseBody::ApiVersionsResponse,
   ResponseBody::MetadataResponse,
@@ -396,6 +540,16 @@ pub const ENUM_VALUES_RESPONSE_BODY: [ResponseBody; 8] = [
   ResponseBody::ProduceResponse,
   ResponseBody::FetchResponse,
   ResponseBody::ListOffsetsResponse,
+  ResponseBody::FindCoordinatorResponse,
+  ResponseBody::JoinGroupResponse,
+  ResponseBody::SyncGroupResponse,
+  ResponseBody::HeartbeatResponse,
+  ResponseBody::LeaveGroupResponse,
+  ResponseBody::OffsetCommitResponse,
+  ResponseBody::OffsetFetchResponse,
+  ResponseBody::ListGroupsResponse,
+  ResponseBody::DescribeGroupsResponse,
+  ResponseBody::DeleteGroupsResponse,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -411,9 +565,19 @@ impl ResponseBody {
   pub const ProduceResponse: Self = Self(5);
   pub const FetchResponse: Self = Self(6);
   pub const ListOffsetsResponse: Self = Self(7);
+  pub const FindCoordinatorResponse: Self = Self(8);
+  pub const JoinGroupResponse: Self = Self(9);
+  pub const SyncGroupResponse: Self = Self(10);
+  pub const HeartbeatResponse: Self = Self(11);
+  pub const LeaveGroupResponse: Self = Self(12);
+  pub const OffsetCommitResponse: Self = Self(13);
+  pub const OffsetFetchResponse: Self = Self(14);
+  pub const ListGroupsResponse: Self = Self(15);
+  pub const DescribeGroupsResponse: Self = Self(16);
+  pub const DeleteGroupsResponse: Self = Self(17);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 7;
+  pub const ENUM_MAX: u8 = 17;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::ApiVersionsResponse,
@@ -423,6 +587,16 @@ impl ResponseBody {
     Self::ProduceResponse,
     Self::FetchResponse,
     Self::ListOffsetsResponse,
+    Self::FindCoordinatorResponse,
+    Self::JoinGroupResponse,
+    Self::SyncGroupResponse,
+    Self::HeartbeatResponse,
+    Self::LeaveGroupResponse,
+    Self::OffsetCommitResponse,
+    Self::OffsetFetchResponse,
+    Self::ListGroupsResponse,
+    Self::DescribeGroupsResponse,
+    Self::DeleteGroupsResponse,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -435,6 +609,16 @@ impl ResponseBody {
       Self::ProduceResponse => Some("ProduceResponse"),
       Self::FetchResponse => Some("FetchResponse"),
       Self::ListOffsetsResponse => Some("ListOffsetsResponse"),
+      Self::FindCoordinatorResponse => Some("FindCoordinatorResponse"),
+      Self::JoinGroupResponse => Some("JoinGroupResponse"),
+      Self::SyncGroupResponse => Some("SyncGroupResponse"),
+      Self::HeartbeatResponse => Some("HeartbeatResponse"),
+      Self::LeaveGroupResponse => Some("LeaveGroupResponse"),
+      Self::OffsetCommitResponse => Some("OffsetCommitResponse"),
+      Self::OffsetFetchResponse => Some("OffsetFetchResponse"),
+      Self::ListGroupsResponse => Some("ListGroupsResponse"),
+      Self::DescribeGroupsResponse => Some("DescribeGroupsResponse"),
+      Self::DeleteGroupsResponse => Some("DeleteGroupsResponse"),
       _ => None,
     }
   }
@@ -4517,6 +4701,4723 @@ impl ::core::fmt::Debug for ListOffsetsResponse<'_> {
       ds.finish()
   }
 }
+pub enum FindCoordinatorRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// 0: a consumer group.
+pub struct FindCoordinatorRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for FindCoordinatorRequest<'a> {
+  type Inner = FindCoordinatorRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> FindCoordinatorRequest<'a> {
+  pub const VT_KEY: ::flatbuffers::VOffsetT = 4;
+  pub const VT_KEY_TYPE: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    FindCoordinatorRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args FindCoordinatorRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<FindCoordinatorRequest<'bldr>> {
+    let mut builder = FindCoordinatorRequestBuilder::new(_fbb);
+    if let Some(x) = args.key { builder.add_key(x); }
+    builder.add_key_type(args.key_type);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn key(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(FindCoordinatorRequest::VT_KEY, None)}
+  }
+  #[inline]
+  pub fn key_type(&self) -> i8 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i8>(FindCoordinatorRequest::VT_KEY_TYPE, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for FindCoordinatorRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("key", Self::VT_KEY, false)?
+     .visit_field::<i8>("key_type", Self::VT_KEY_TYPE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct FindCoordinatorRequestArgs<'a> {
+    pub key: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub key_type: i8,
+}
+impl<'a> Default for FindCoordinatorRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    FindCoordinatorRequestArgs {
+      key: None,
+      key_type: 0,
+    }
+  }
+}
+
+pub struct FindCoordinatorRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> FindCoordinatorRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_key(&mut self, key: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(FindCoordinatorRequest::VT_KEY, key);
+  }
+  #[inline]
+  pub fn add_key_type(&mut self, key_type: i8) {
+    self.fbb_.push_slot::<i8>(FindCoordinatorRequest::VT_KEY_TYPE, key_type, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> FindCoordinatorRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    FindCoordinatorRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<FindCoordinatorRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for FindCoordinatorRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("FindCoordinatorRequest");
+      ds.field("key", &self.key());
+      ds.field("key_type", &self.key_type());
+      ds.finish()
+  }
+}
+pub enum FindCoordinatorResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct FindCoordinatorResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for FindCoordinatorResponse<'a> {
+  type Inner = FindCoordinatorResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> FindCoordinatorResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ERROR_MESSAGE: ::flatbuffers::VOffsetT = 6;
+  pub const VT_BROKER_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_HOST: ::flatbuffers::VOffsetT = 10;
+  pub const VT_PORT: ::flatbuffers::VOffsetT = 12;
+  pub const VT_SHARD: ::flatbuffers::VOffsetT = 14;
+  pub const VT_SHARD_PORT: ::flatbuffers::VOffsetT = 16;
+  pub const VT_PARTITION: ::flatbuffers::VOffsetT = 18;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    FindCoordinatorResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args FindCoordinatorResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<FindCoordinatorResponse<'bldr>> {
+    let mut builder = FindCoordinatorResponseBuilder::new(_fbb);
+    builder.add_partition(args.partition);
+    if let Some(x) = args.host { builder.add_host(x); }
+    builder.add_broker_id(args.broker_id);
+    if let Some(x) = args.error_message { builder.add_error_message(x); }
+    builder.add_shard_port(args.shard_port);
+    builder.add_shard(args.shard);
+    builder.add_port(args.port);
+    builder.add_error(args.error);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> ErrorCode {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ErrorCode>(FindCoordinatorResponse::VT_ERROR, Some(ErrorCode::None)).unwrap()}
+  }
+  #[inline]
+  pub fn error_message(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(FindCoordinatorResponse::VT_ERROR_MESSAGE, None)}
+  }
+  #[inline]
+  pub fn broker_id(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(FindCoordinatorResponse::VT_BROKER_ID, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn host(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(FindCoordinatorResponse::VT_HOST, None)}
+  }
+  /// The broker's public port.
+  #[inline]
+  pub fn port(&self) -> u16 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u16>(FindCoordinatorResponse::VT_PORT, Some(0)).unwrap()}
+  }
+  /// The shard that coordinates the group, and its own port.
+  #[inline]
+  pub fn shard(&self) -> u16 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u16>(FindCoordinatorResponse::VT_SHARD, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn shard_port(&self) -> u16 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u16>(FindCoordinatorResponse::VT_SHARD_PORT, Some(0)).unwrap()}
+  }
+  /// The `__consumer_offsets` partition that holds the group.
+  #[inline]
+  pub fn partition(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(FindCoordinatorResponse::VT_PARTITION, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for FindCoordinatorResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<ErrorCode>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("error_message", Self::VT_ERROR_MESSAGE, false)?
+     .visit_field::<i32>("broker_id", Self::VT_BROKER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("host", Self::VT_HOST, false)?
+     .visit_field::<u16>("port", Self::VT_PORT, false)?
+     .visit_field::<u16>("shard", Self::VT_SHARD, false)?
+     .visit_field::<u16>("shard_port", Self::VT_SHARD_PORT, false)?
+     .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct FindCoordinatorResponseArgs<'a> {
+    pub error: ErrorCode,
+    pub error_message: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub broker_id: i32,
+    pub host: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub port: u16,
+    pub shard: u16,
+    pub shard_port: u16,
+    pub partition: u32,
+}
+impl<'a> Default for FindCoordinatorResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    FindCoordinatorResponseArgs {
+      error: ErrorCode::None,
+      error_message: None,
+      broker_id: -1,
+      host: None,
+      port: 0,
+      shard: 0,
+      shard_port: 0,
+      partition: 0,
+    }
+  }
+}
+
+pub struct FindCoordinatorResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> FindCoordinatorResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ErrorCode) {
+    self.fbb_.push_slot::<ErrorCode>(FindCoordinatorResponse::VT_ERROR, error, ErrorCode::None);
+  }
+  #[inline]
+  pub fn add_error_message(&mut self, error_message: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(FindCoordinatorResponse::VT_ERROR_MESSAGE, error_message);
+  }
+  #[inline]
+  pub fn add_broker_id(&mut self, broker_id: i32) {
+    self.fbb_.push_slot::<i32>(FindCoordinatorResponse::VT_BROKER_ID, broker_id, -1);
+  }
+  #[inline]
+  pub fn add_host(&mut self, host: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(FindCoordinatorResponse::VT_HOST, host);
+  }
+  #[inline]
+  pub fn add_port(&mut self, port: u16) {
+    self.fbb_.push_slot::<u16>(FindCoordinatorResponse::VT_PORT, port, 0);
+  }
+  #[inline]
+  pub fn add_shard(&mut self, shard: u16) {
+    self.fbb_.push_slot::<u16>(FindCoordinatorResponse::VT_SHARD, shard, 0);
+  }
+  #[inline]
+  pub fn add_shard_port(&mut self, shard_port: u16) {
+    self.fbb_.push_slot::<u16>(FindCoordinatorResponse::VT_SHARD_PORT, shard_port, 0);
+  }
+  #[inline]
+  pub fn add_partition(&mut self, partition: u32) {
+    self.fbb_.push_slot::<u32>(FindCoordinatorResponse::VT_PARTITION, partition, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> FindCoordinatorResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    FindCoordinatorResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<FindCoordinatorResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for FindCoordinatorResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("FindCoordinatorResponse");
+      ds.field("error", &self.error());
+      ds.field("error_message", &self.error_message());
+      ds.field("broker_id", &self.broker_id());
+      ds.field("host", &self.host());
+      ds.field("port", &self.port());
+      ds.field("shard", &self.shard());
+      ds.field("shard_port", &self.shard_port());
+      ds.field("partition", &self.partition());
+      ds.finish()
+  }
+}
+pub enum GroupProtocolOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct GroupProtocol<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for GroupProtocol<'a> {
+  type Inner = GroupProtocol<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> GroupProtocol<'a> {
+  pub const VT_NAME: ::flatbuffers::VOffsetT = 4;
+  pub const VT_METADATA: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    GroupProtocol { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args GroupProtocolArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<GroupProtocol<'bldr>> {
+    let mut builder = GroupProtocolBuilder::new(_fbb);
+    if let Some(x) = args.metadata { builder.add_metadata(x); }
+    if let Some(x) = args.name { builder.add_name(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(GroupProtocol::VT_NAME, None)}
+  }
+  #[inline]
+  pub fn metadata(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(GroupProtocol::VT_METADATA, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for GroupProtocol<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("name", Self::VT_NAME, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("metadata", Self::VT_METADATA, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct GroupProtocolArgs<'a> {
+    pub name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub metadata: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for GroupProtocolArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    GroupProtocolArgs {
+      name: None,
+      metadata: None,
+    }
+  }
+}
+
+pub struct GroupProtocolBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GroupProtocolBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_name(&mut self, name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GroupProtocol::VT_NAME, name);
+  }
+  #[inline]
+  pub fn add_metadata(&mut self, metadata: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GroupProtocol::VT_METADATA, metadata);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GroupProtocolBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    GroupProtocolBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<GroupProtocol<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for GroupProtocol<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("GroupProtocol");
+      ds.field("name", &self.name());
+      ds.field("metadata", &self.metadata());
+      ds.finish()
+  }
+}
+pub enum JoinGroupRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct JoinGroupRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for JoinGroupRequest<'a> {
+  type Inner = JoinGroupRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> JoinGroupRequest<'a> {
+  pub const VT_GROUP_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_SESSION_TIMEOUT_MS: ::flatbuffers::VOffsetT = 6;
+  pub const VT_REBALANCE_TIMEOUT_MS: ::flatbuffers::VOffsetT = 8;
+  pub const VT_MEMBER_ID: ::flatbuffers::VOffsetT = 10;
+  pub const VT_GROUP_INSTANCE_ID: ::flatbuffers::VOffsetT = 12;
+  pub const VT_PROTOCOL_TYPE: ::flatbuffers::VOffsetT = 14;
+  pub const VT_PROTOCOLS: ::flatbuffers::VOffsetT = 16;
+  pub const VT_REASON: ::flatbuffers::VOffsetT = 18;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    JoinGroupRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args JoinGroupRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<JoinGroupRequest<'bldr>> {
+    let mut builder = JoinGroupRequestBuilder::new(_fbb);
+    if let Some(x) = args.reason { builder.add_reason(x); }
+    if let Some(x) = args.protocols { builder.add_protocols(x); }
+    if let Some(x) = args.protocol_type { builder.add_protocol_type(x); }
+    if let Some(x) = args.group_instance_id { builder.add_group_instance_id(x); }
+    if let Some(x) = args.member_id { builder.add_member_id(x); }
+    builder.add_rebalance_timeout_ms(args.rebalance_timeout_ms);
+    builder.add_session_timeout_ms(args.session_timeout_ms);
+    if let Some(x) = args.group_id { builder.add_group_id(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(JoinGroupRequest::VT_GROUP_ID, None)}
+  }
+  #[inline]
+  pub fn session_timeout_ms(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(JoinGroupRequest::VT_SESSION_TIMEOUT_MS, Some(0)).unwrap()}
+  }
+  /// -1: same as the session timeout.
+  #[inline]
+  pub fn rebalance_timeout_ms(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(JoinGroupRequest::VT_REBALANCE_TIMEOUT_MS, Some(-1)).unwrap()}
+  }
+  /// Empty on a member's first join: the coordinator assigns one.
+  #[inline]
+  pub fn member_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(JoinGroupRequest::VT_MEMBER_ID, None)}
+  }
+  /// Static membership: a stable id the member keeps across restarts.
+  #[inline]
+  pub fn group_instance_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(JoinGroupRequest::VT_GROUP_INSTANCE_ID, None)}
+  }
+  #[inline]
+  pub fn protocol_type(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(JoinGroupRequest::VT_PROTOCOL_TYPE, None)}
+  }
+  #[inline]
+  pub fn protocols(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<GroupProtocol<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<GroupProtocol>>>>(JoinGroupRequest::VT_PROTOCOLS, None)}
+  }
+  #[inline]
+  pub fn reason(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(JoinGroupRequest::VT_REASON, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for JoinGroupRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group_id", Self::VT_GROUP_ID, false)?
+     .visit_field::<i32>("session_timeout_ms", Self::VT_SESSION_TIMEOUT_MS, false)?
+     .visit_field::<i32>("rebalance_timeout_ms", Self::VT_REBALANCE_TIMEOUT_MS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("member_id", Self::VT_MEMBER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group_instance_id", Self::VT_GROUP_INSTANCE_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("protocol_type", Self::VT_PROTOCOL_TYPE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<GroupProtocol>>>>("protocols", Self::VT_PROTOCOLS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("reason", Self::VT_REASON, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct JoinGroupRequestArgs<'a> {
+    pub group_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub session_timeout_ms: i32,
+    pub rebalance_timeout_ms: i32,
+    pub member_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub group_instance_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub protocol_type: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub protocols: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<GroupProtocol<'a>>>>>,
+    pub reason: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for JoinGroupRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    JoinGroupRequestArgs {
+      group_id: None,
+      session_timeout_ms: 0,
+      rebalance_timeout_ms: -1,
+      member_id: None,
+      group_instance_id: None,
+      protocol_type: None,
+      protocols: None,
+      reason: None,
+    }
+  }
+}
+
+pub struct JoinGroupRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> JoinGroupRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group_id(&mut self, group_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupRequest::VT_GROUP_ID, group_id);
+  }
+  #[inline]
+  pub fn add_session_timeout_ms(&mut self, session_timeout_ms: i32) {
+    self.fbb_.push_slot::<i32>(JoinGroupRequest::VT_SESSION_TIMEOUT_MS, session_timeout_ms, 0);
+  }
+  #[inline]
+  pub fn add_rebalance_timeout_ms(&mut self, rebalance_timeout_ms: i32) {
+    self.fbb_.push_slot::<i32>(JoinGroupRequest::VT_REBALANCE_TIMEOUT_MS, rebalance_timeout_ms, -1);
+  }
+  #[inline]
+  pub fn add_member_id(&mut self, member_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupRequest::VT_MEMBER_ID, member_id);
+  }
+  #[inline]
+  pub fn add_group_instance_id(&mut self, group_instance_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupRequest::VT_GROUP_INSTANCE_ID, group_instance_id);
+  }
+  #[inline]
+  pub fn add_protocol_type(&mut self, protocol_type: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupRequest::VT_PROTOCOL_TYPE, protocol_type);
+  }
+  #[inline]
+  pub fn add_protocols(&mut self, protocols: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<GroupProtocol<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupRequest::VT_PROTOCOLS, protocols);
+  }
+  #[inline]
+  pub fn add_reason(&mut self, reason: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupRequest::VT_REASON, reason);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> JoinGroupRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    JoinGroupRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<JoinGroupRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for JoinGroupRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("JoinGroupRequest");
+      ds.field("group_id", &self.group_id());
+      ds.field("session_timeout_ms", &self.session_timeout_ms());
+      ds.field("rebalance_timeout_ms", &self.rebalance_timeout_ms());
+      ds.field("member_id", &self.member_id());
+      ds.field("group_instance_id", &self.group_instance_id());
+      ds.field("protocol_type", &self.protocol_type());
+      ds.field("protocols", &self.protocols());
+      ds.field("reason", &self.reason());
+      ds.finish()
+  }
+}
+pub enum JoinGroupMemberOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct JoinGroupMember<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for JoinGroupMember<'a> {
+  type Inner = JoinGroupMember<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> JoinGroupMember<'a> {
+  pub const VT_MEMBER_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_GROUP_INSTANCE_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_METADATA: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    JoinGroupMember { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args JoinGroupMemberArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<JoinGroupMember<'bldr>> {
+    let mut builder = JoinGroupMemberBuilder::new(_fbb);
+    if let Some(x) = args.metadata { builder.add_metadata(x); }
+    if let Some(x) = args.group_instance_id { builder.add_group_instance_id(x); }
+    if let Some(x) = args.member_id { builder.add_member_id(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn member_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(JoinGroupMember::VT_MEMBER_ID, None)}
+  }
+  #[inline]
+  pub fn group_instance_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(JoinGroupMember::VT_GROUP_INSTANCE_ID, None)}
+  }
+  #[inline]
+  pub fn metadata(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(JoinGroupMember::VT_METADATA, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for JoinGroupMember<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("member_id", Self::VT_MEMBER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group_instance_id", Self::VT_GROUP_INSTANCE_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("metadata", Self::VT_METADATA, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct JoinGroupMemberArgs<'a> {
+    pub member_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub group_instance_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub metadata: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for JoinGroupMemberArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    JoinGroupMemberArgs {
+      member_id: None,
+      group_instance_id: None,
+      metadata: None,
+    }
+  }
+}
+
+pub struct JoinGroupMemberBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> JoinGroupMemberBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_member_id(&mut self, member_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupMember::VT_MEMBER_ID, member_id);
+  }
+  #[inline]
+  pub fn add_group_instance_id(&mut self, group_instance_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupMember::VT_GROUP_INSTANCE_ID, group_instance_id);
+  }
+  #[inline]
+  pub fn add_metadata(&mut self, metadata: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupMember::VT_METADATA, metadata);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> JoinGroupMemberBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    JoinGroupMemberBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<JoinGroupMember<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for JoinGroupMember<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("JoinGroupMember");
+      ds.field("member_id", &self.member_id());
+      ds.field("group_instance_id", &self.group_instance_id());
+      ds.field("metadata", &self.metadata());
+      ds.finish()
+  }
+}
+pub enum JoinGroupResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct JoinGroupResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for JoinGroupResponse<'a> {
+  type Inner = JoinGroupResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> JoinGroupResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ERROR_MESSAGE: ::flatbuffers::VOffsetT = 6;
+  pub const VT_GENERATION_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_PROTOCOL_TYPE: ::flatbuffers::VOffsetT = 10;
+  pub const VT_PROTOCOL_NAME: ::flatbuffers::VOffsetT = 12;
+  pub const VT_LEADER: ::flatbuffers::VOffsetT = 14;
+  pub const VT_MEMBER_ID: ::flatbuffers::VOffsetT = 16;
+  pub const VT_MEMBERS: ::flatbuffers::VOffsetT = 18;
+  pub const VT_SKIP_ASSIGNMENT: ::flatbuffers::VOffsetT = 20;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    JoinGroupResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args JoinGroupResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<JoinGroupResponse<'bldr>> {
+    let mut builder = JoinGroupResponseBuilder::new(_fbb);
+    if let Some(x) = args.members { builder.add_members(x); }
+    if let Some(x) = args.member_id { builder.add_member_id(x); }
+    if let Some(x) = args.leader { builder.add_leader(x); }
+    if let Some(x) = args.protocol_name { builder.add_protocol_name(x); }
+    if let Some(x) = args.protocol_type { builder.add_protocol_type(x); }
+    builder.add_generation_id(args.generation_id);
+    if let Some(x) = args.error_message { builder.add_error_message(x); }
+    builder.add_error(args.error);
+    builder.add_skip_assignment(args.skip_assignment);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> ErrorCode {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ErrorCode>(JoinGroupResponse::VT_ERROR, Some(ErrorCode::None)).unwrap()}
+  }
+  #[inline]
+  pub fn error_message(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(JoinGroupResponse::VT_ERROR_MESSAGE, None)}
+  }
+  #[inline]
+  pub fn generation_id(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(JoinGroupResponse::VT_GENERATION_ID, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn protocol_type(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(JoinGroupResponse::VT_PROTOCOL_TYPE, None)}
+  }
+  #[inline]
+  pub fn protocol_name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(JoinGroupResponse::VT_PROTOCOL_NAME, None)}
+  }
+  #[inline]
+  pub fn leader(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(JoinGroupResponse::VT_LEADER, None)}
+  }
+  #[inline]
+  pub fn member_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(JoinGroupResponse::VT_MEMBER_ID, None)}
+  }
+  /// Only for the leader: every member with its metadata for the chosen protocol.
+  #[inline]
+  pub fn members(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<JoinGroupMember<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<JoinGroupMember>>>>(JoinGroupResponse::VT_MEMBERS, None)}
+  }
+  /// A static leader rejoined without a rebalance: it must not reassign.
+  #[inline]
+  pub fn skip_assignment(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(JoinGroupResponse::VT_SKIP_ASSIGNMENT, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for JoinGroupResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<ErrorCode>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("error_message", Self::VT_ERROR_MESSAGE, false)?
+     .visit_field::<i32>("generation_id", Self::VT_GENERATION_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("protocol_type", Self::VT_PROTOCOL_TYPE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("protocol_name", Self::VT_PROTOCOL_NAME, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("leader", Self::VT_LEADER, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("member_id", Self::VT_MEMBER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<JoinGroupMember>>>>("members", Self::VT_MEMBERS, false)?
+     .visit_field::<bool>("skip_assignment", Self::VT_SKIP_ASSIGNMENT, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct JoinGroupResponseArgs<'a> {
+    pub error: ErrorCode,
+    pub error_message: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub generation_id: i32,
+    pub protocol_type: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub protocol_name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub leader: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub member_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub members: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<JoinGroupMember<'a>>>>>,
+    pub skip_assignment: bool,
+}
+impl<'a> Default for JoinGroupResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    JoinGroupResponseArgs {
+      error: ErrorCode::None,
+      error_message: None,
+      generation_id: -1,
+      protocol_type: None,
+      protocol_name: None,
+      leader: None,
+      member_id: None,
+      members: None,
+      skip_assignment: false,
+    }
+  }
+}
+
+pub struct JoinGroupResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> JoinGroupResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ErrorCode) {
+    self.fbb_.push_slot::<ErrorCode>(JoinGroupResponse::VT_ERROR, error, ErrorCode::None);
+  }
+  #[inline]
+  pub fn add_error_message(&mut self, error_message: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupResponse::VT_ERROR_MESSAGE, error_message);
+  }
+  #[inline]
+  pub fn add_generation_id(&mut self, generation_id: i32) {
+    self.fbb_.push_slot::<i32>(JoinGroupResponse::VT_GENERATION_ID, generation_id, -1);
+  }
+  #[inline]
+  pub fn add_protocol_type(&mut self, protocol_type: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupResponse::VT_PROTOCOL_TYPE, protocol_type);
+  }
+  #[inline]
+  pub fn add_protocol_name(&mut self, protocol_name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupResponse::VT_PROTOCOL_NAME, protocol_name);
+  }
+  #[inline]
+  pub fn add_leader(&mut self, leader: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupResponse::VT_LEADER, leader);
+  }
+  #[inline]
+  pub fn add_member_id(&mut self, member_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupResponse::VT_MEMBER_ID, member_id);
+  }
+  #[inline]
+  pub fn add_members(&mut self, members: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<JoinGroupMember<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(JoinGroupResponse::VT_MEMBERS, members);
+  }
+  #[inline]
+  pub fn add_skip_assignment(&mut self, skip_assignment: bool) {
+    self.fbb_.push_slot::<bool>(JoinGroupResponse::VT_SKIP_ASSIGNMENT, skip_assignment, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> JoinGroupResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    JoinGroupResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<JoinGroupResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for JoinGroupResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("JoinGroupResponse");
+      ds.field("error", &self.error());
+      ds.field("error_message", &self.error_message());
+      ds.field("generation_id", &self.generation_id());
+      ds.field("protocol_type", &self.protocol_type());
+      ds.field("protocol_name", &self.protocol_name());
+      ds.field("leader", &self.leader());
+      ds.field("member_id", &self.member_id());
+      ds.field("members", &self.members());
+      ds.field("skip_assignment", &self.skip_assignment());
+      ds.finish()
+  }
+}
+pub enum SyncGroupAssignmentOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct SyncGroupAssignment<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for SyncGroupAssignment<'a> {
+  type Inner = SyncGroupAssignment<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> SyncGroupAssignment<'a> {
+  pub const VT_MEMBER_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ASSIGNMENT: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    SyncGroupAssignment { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SyncGroupAssignmentArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<SyncGroupAssignment<'bldr>> {
+    let mut builder = SyncGroupAssignmentBuilder::new(_fbb);
+    if let Some(x) = args.assignment { builder.add_assignment(x); }
+    if let Some(x) = args.member_id { builder.add_member_id(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn member_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SyncGroupAssignment::VT_MEMBER_ID, None)}
+  }
+  #[inline]
+  pub fn assignment(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(SyncGroupAssignment::VT_ASSIGNMENT, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for SyncGroupAssignment<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("member_id", Self::VT_MEMBER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("assignment", Self::VT_ASSIGNMENT, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SyncGroupAssignmentArgs<'a> {
+    pub member_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub assignment: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for SyncGroupAssignmentArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SyncGroupAssignmentArgs {
+      member_id: None,
+      assignment: None,
+    }
+  }
+}
+
+pub struct SyncGroupAssignmentBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SyncGroupAssignmentBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_member_id(&mut self, member_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SyncGroupAssignment::VT_MEMBER_ID, member_id);
+  }
+  #[inline]
+  pub fn add_assignment(&mut self, assignment: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SyncGroupAssignment::VT_ASSIGNMENT, assignment);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SyncGroupAssignmentBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SyncGroupAssignmentBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<SyncGroupAssignment<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for SyncGroupAssignment<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("SyncGroupAssignment");
+      ds.field("member_id", &self.member_id());
+      ds.field("assignment", &self.assignment());
+      ds.finish()
+  }
+}
+pub enum SyncGroupRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct SyncGroupRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for SyncGroupRequest<'a> {
+  type Inner = SyncGroupRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> SyncGroupRequest<'a> {
+  pub const VT_GROUP_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_GENERATION_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MEMBER_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_GROUP_INSTANCE_ID: ::flatbuffers::VOffsetT = 10;
+  pub const VT_PROTOCOL_TYPE: ::flatbuffers::VOffsetT = 12;
+  pub const VT_PROTOCOL_NAME: ::flatbuffers::VOffsetT = 14;
+  pub const VT_ASSIGNMENTS: ::flatbuffers::VOffsetT = 16;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    SyncGroupRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SyncGroupRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<SyncGroupRequest<'bldr>> {
+    let mut builder = SyncGroupRequestBuilder::new(_fbb);
+    if let Some(x) = args.assignments { builder.add_assignments(x); }
+    if let Some(x) = args.protocol_name { builder.add_protocol_name(x); }
+    if let Some(x) = args.protocol_type { builder.add_protocol_type(x); }
+    if let Some(x) = args.group_instance_id { builder.add_group_instance_id(x); }
+    if let Some(x) = args.member_id { builder.add_member_id(x); }
+    builder.add_generation_id(args.generation_id);
+    if let Some(x) = args.group_id { builder.add_group_id(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SyncGroupRequest::VT_GROUP_ID, None)}
+  }
+  #[inline]
+  pub fn generation_id(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(SyncGroupRequest::VT_GENERATION_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn member_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SyncGroupRequest::VT_MEMBER_ID, None)}
+  }
+  #[inline]
+  pub fn group_instance_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SyncGroupRequest::VT_GROUP_INSTANCE_ID, None)}
+  }
+  #[inline]
+  pub fn protocol_type(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SyncGroupRequest::VT_PROTOCOL_TYPE, None)}
+  }
+  #[inline]
+  pub fn protocol_name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SyncGroupRequest::VT_PROTOCOL_NAME, None)}
+  }
+  /// Only the leader sends assignments.
+  #[inline]
+  pub fn assignments(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<SyncGroupAssignment<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<SyncGroupAssignment>>>>(SyncGroupRequest::VT_ASSIGNMENTS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for SyncGroupRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group_id", Self::VT_GROUP_ID, false)?
+     .visit_field::<i32>("generation_id", Self::VT_GENERATION_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("member_id", Self::VT_MEMBER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group_instance_id", Self::VT_GROUP_INSTANCE_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("protocol_type", Self::VT_PROTOCOL_TYPE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("protocol_name", Self::VT_PROTOCOL_NAME, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<SyncGroupAssignment>>>>("assignments", Self::VT_ASSIGNMENTS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SyncGroupRequestArgs<'a> {
+    pub group_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub generation_id: i32,
+    pub member_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub group_instance_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub protocol_type: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub protocol_name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub assignments: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<SyncGroupAssignment<'a>>>>>,
+}
+impl<'a> Default for SyncGroupRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SyncGroupRequestArgs {
+      group_id: None,
+      generation_id: 0,
+      member_id: None,
+      group_instance_id: None,
+      protocol_type: None,
+      protocol_name: None,
+      assignments: None,
+    }
+  }
+}
+
+pub struct SyncGroupRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SyncGroupRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group_id(&mut self, group_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SyncGroupRequest::VT_GROUP_ID, group_id);
+  }
+  #[inline]
+  pub fn add_generation_id(&mut self, generation_id: i32) {
+    self.fbb_.push_slot::<i32>(SyncGroupRequest::VT_GENERATION_ID, generation_id, 0);
+  }
+  #[inline]
+  pub fn add_member_id(&mut self, member_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SyncGroupRequest::VT_MEMBER_ID, member_id);
+  }
+  #[inline]
+  pub fn add_group_instance_id(&mut self, group_instance_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SyncGroupRequest::VT_GROUP_INSTANCE_ID, group_instance_id);
+  }
+  #[inline]
+  pub fn add_protocol_type(&mut self, protocol_type: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SyncGroupRequest::VT_PROTOCOL_TYPE, protocol_type);
+  }
+  #[inline]
+  pub fn add_protocol_name(&mut self, protocol_name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SyncGroupRequest::VT_PROTOCOL_NAME, protocol_name);
+  }
+  #[inline]
+  pub fn add_assignments(&mut self, assignments: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<SyncGroupAssignment<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SyncGroupRequest::VT_ASSIGNMENTS, assignments);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SyncGroupRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SyncGroupRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<SyncGroupRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for SyncGroupRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("SyncGroupRequest");
+      ds.field("group_id", &self.group_id());
+      ds.field("generation_id", &self.generation_id());
+      ds.field("member_id", &self.member_id());
+      ds.field("group_instance_id", &self.group_instance_id());
+      ds.field("protocol_type", &self.protocol_type());
+      ds.field("protocol_name", &self.protocol_name());
+      ds.field("assignments", &self.assignments());
+      ds.finish()
+  }
+}
+pub enum SyncGroupResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct SyncGroupResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for SyncGroupResponse<'a> {
+  type Inner = SyncGroupResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> SyncGroupResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ERROR_MESSAGE: ::flatbuffers::VOffsetT = 6;
+  pub const VT_PROTOCOL_TYPE: ::flatbuffers::VOffsetT = 8;
+  pub const VT_PROTOCOL_NAME: ::flatbuffers::VOffsetT = 10;
+  pub const VT_ASSIGNMENT: ::flatbuffers::VOffsetT = 12;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    SyncGroupResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SyncGroupResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<SyncGroupResponse<'bldr>> {
+    let mut builder = SyncGroupResponseBuilder::new(_fbb);
+    if let Some(x) = args.assignment { builder.add_assignment(x); }
+    if let Some(x) = args.protocol_name { builder.add_protocol_name(x); }
+    if let Some(x) = args.protocol_type { builder.add_protocol_type(x); }
+    if let Some(x) = args.error_message { builder.add_error_message(x); }
+    builder.add_error(args.error);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> ErrorCode {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ErrorCode>(SyncGroupResponse::VT_ERROR, Some(ErrorCode::None)).unwrap()}
+  }
+  #[inline]
+  pub fn error_message(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SyncGroupResponse::VT_ERROR_MESSAGE, None)}
+  }
+  #[inline]
+  pub fn protocol_type(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SyncGroupResponse::VT_PROTOCOL_TYPE, None)}
+  }
+  #[inline]
+  pub fn protocol_name(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SyncGroupResponse::VT_PROTOCOL_NAME, None)}
+  }
+  #[inline]
+  pub fn assignment(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(SyncGroupResponse::VT_ASSIGNMENT, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for SyncGroupResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<ErrorCode>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("error_message", Self::VT_ERROR_MESSAGE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("protocol_type", Self::VT_PROTOCOL_TYPE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("protocol_name", Self::VT_PROTOCOL_NAME, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("assignment", Self::VT_ASSIGNMENT, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SyncGroupResponseArgs<'a> {
+    pub error: ErrorCode,
+    pub error_message: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub protocol_type: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub protocol_name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub assignment: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for SyncGroupResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    SyncGroupResponseArgs {
+      error: ErrorCode::None,
+      error_message: None,
+      protocol_type: None,
+      protocol_name: None,
+      assignment: None,
+    }
+  }
+}
+
+pub struct SyncGroupResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SyncGroupResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ErrorCode) {
+    self.fbb_.push_slot::<ErrorCode>(SyncGroupResponse::VT_ERROR, error, ErrorCode::None);
+  }
+  #[inline]
+  pub fn add_error_message(&mut self, error_message: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SyncGroupResponse::VT_ERROR_MESSAGE, error_message);
+  }
+  #[inline]
+  pub fn add_protocol_type(&mut self, protocol_type: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SyncGroupResponse::VT_PROTOCOL_TYPE, protocol_type);
+  }
+  #[inline]
+  pub fn add_protocol_name(&mut self, protocol_name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SyncGroupResponse::VT_PROTOCOL_NAME, protocol_name);
+  }
+  #[inline]
+  pub fn add_assignment(&mut self, assignment: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SyncGroupResponse::VT_ASSIGNMENT, assignment);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SyncGroupResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SyncGroupResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<SyncGroupResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for SyncGroupResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("SyncGroupResponse");
+      ds.field("error", &self.error());
+      ds.field("error_message", &self.error_message());
+      ds.field("protocol_type", &self.protocol_type());
+      ds.field("protocol_name", &self.protocol_name());
+      ds.field("assignment", &self.assignment());
+      ds.finish()
+  }
+}
+pub enum HeartbeatRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct HeartbeatRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for HeartbeatRequest<'a> {
+  type Inner = HeartbeatRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> HeartbeatRequest<'a> {
+  pub const VT_GROUP_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_GENERATION_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MEMBER_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_GROUP_INSTANCE_ID: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    HeartbeatRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args HeartbeatRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<HeartbeatRequest<'bldr>> {
+    let mut builder = HeartbeatRequestBuilder::new(_fbb);
+    if let Some(x) = args.group_instance_id { builder.add_group_instance_id(x); }
+    if let Some(x) = args.member_id { builder.add_member_id(x); }
+    builder.add_generation_id(args.generation_id);
+    if let Some(x) = args.group_id { builder.add_group_id(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(HeartbeatRequest::VT_GROUP_ID, None)}
+  }
+  #[inline]
+  pub fn generation_id(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(HeartbeatRequest::VT_GENERATION_ID, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn member_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(HeartbeatRequest::VT_MEMBER_ID, None)}
+  }
+  #[inline]
+  pub fn group_instance_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(HeartbeatRequest::VT_GROUP_INSTANCE_ID, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for HeartbeatRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group_id", Self::VT_GROUP_ID, false)?
+     .visit_field::<i32>("generation_id", Self::VT_GENERATION_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("member_id", Self::VT_MEMBER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group_instance_id", Self::VT_GROUP_INSTANCE_ID, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct HeartbeatRequestArgs<'a> {
+    pub group_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub generation_id: i32,
+    pub member_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub group_instance_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for HeartbeatRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    HeartbeatRequestArgs {
+      group_id: None,
+      generation_id: 0,
+      member_id: None,
+      group_instance_id: None,
+    }
+  }
+}
+
+pub struct HeartbeatRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> HeartbeatRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group_id(&mut self, group_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(HeartbeatRequest::VT_GROUP_ID, group_id);
+  }
+  #[inline]
+  pub fn add_generation_id(&mut self, generation_id: i32) {
+    self.fbb_.push_slot::<i32>(HeartbeatRequest::VT_GENERATION_ID, generation_id, 0);
+  }
+  #[inline]
+  pub fn add_member_id(&mut self, member_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(HeartbeatRequest::VT_MEMBER_ID, member_id);
+  }
+  #[inline]
+  pub fn add_group_instance_id(&mut self, group_instance_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(HeartbeatRequest::VT_GROUP_INSTANCE_ID, group_instance_id);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> HeartbeatRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    HeartbeatRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<HeartbeatRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for HeartbeatRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("HeartbeatRequest");
+      ds.field("group_id", &self.group_id());
+      ds.field("generation_id", &self.generation_id());
+      ds.field("member_id", &self.member_id());
+      ds.field("group_instance_id", &self.group_instance_id());
+      ds.finish()
+  }
+}
+pub enum HeartbeatResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct HeartbeatResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for HeartbeatResponse<'a> {
+  type Inner = HeartbeatResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> HeartbeatResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ERROR_MESSAGE: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    HeartbeatResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args HeartbeatResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<HeartbeatResponse<'bldr>> {
+    let mut builder = HeartbeatResponseBuilder::new(_fbb);
+    if let Some(x) = args.error_message { builder.add_error_message(x); }
+    builder.add_error(args.error);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> ErrorCode {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ErrorCode>(HeartbeatResponse::VT_ERROR, Some(ErrorCode::None)).unwrap()}
+  }
+  #[inline]
+  pub fn error_message(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(HeartbeatResponse::VT_ERROR_MESSAGE, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for HeartbeatResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<ErrorCode>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("error_message", Self::VT_ERROR_MESSAGE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct HeartbeatResponseArgs<'a> {
+    pub error: ErrorCode,
+    pub error_message: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for HeartbeatResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    HeartbeatResponseArgs {
+      error: ErrorCode::None,
+      error_message: None,
+    }
+  }
+}
+
+pub struct HeartbeatResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> HeartbeatResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ErrorCode) {
+    self.fbb_.push_slot::<ErrorCode>(HeartbeatResponse::VT_ERROR, error, ErrorCode::None);
+  }
+  #[inline]
+  pub fn add_error_message(&mut self, error_message: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(HeartbeatResponse::VT_ERROR_MESSAGE, error_message);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> HeartbeatResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    HeartbeatResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<HeartbeatResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for HeartbeatResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("HeartbeatResponse");
+      ds.field("error", &self.error());
+      ds.field("error_message", &self.error_message());
+      ds.finish()
+  }
+}
+pub enum LeaveGroupMemberOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct LeaveGroupMember<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for LeaveGroupMember<'a> {
+  type Inner = LeaveGroupMember<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> LeaveGroupMember<'a> {
+  pub const VT_MEMBER_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_GROUP_INSTANCE_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_REASON: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    LeaveGroupMember { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args LeaveGroupMemberArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<LeaveGroupMember<'bldr>> {
+    let mut builder = LeaveGroupMemberBuilder::new(_fbb);
+    if let Some(x) = args.reason { builder.add_reason(x); }
+    if let Some(x) = args.group_instance_id { builder.add_group_instance_id(x); }
+    if let Some(x) = args.member_id { builder.add_member_id(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn member_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(LeaveGroupMember::VT_MEMBER_ID, None)}
+  }
+  #[inline]
+  pub fn group_instance_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(LeaveGroupMember::VT_GROUP_INSTANCE_ID, None)}
+  }
+  #[inline]
+  pub fn reason(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(LeaveGroupMember::VT_REASON, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for LeaveGroupMember<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("member_id", Self::VT_MEMBER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group_instance_id", Self::VT_GROUP_INSTANCE_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("reason", Self::VT_REASON, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct LeaveGroupMemberArgs<'a> {
+    pub member_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub group_instance_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub reason: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for LeaveGroupMemberArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    LeaveGroupMemberArgs {
+      member_id: None,
+      group_instance_id: None,
+      reason: None,
+    }
+  }
+}
+
+pub struct LeaveGroupMemberBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> LeaveGroupMemberBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_member_id(&mut self, member_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(LeaveGroupMember::VT_MEMBER_ID, member_id);
+  }
+  #[inline]
+  pub fn add_group_instance_id(&mut self, group_instance_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(LeaveGroupMember::VT_GROUP_INSTANCE_ID, group_instance_id);
+  }
+  #[inline]
+  pub fn add_reason(&mut self, reason: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(LeaveGroupMember::VT_REASON, reason);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> LeaveGroupMemberBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    LeaveGroupMemberBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<LeaveGroupMember<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for LeaveGroupMember<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("LeaveGroupMember");
+      ds.field("member_id", &self.member_id());
+      ds.field("group_instance_id", &self.group_instance_id());
+      ds.field("reason", &self.reason());
+      ds.finish()
+  }
+}
+pub enum LeaveGroupRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct LeaveGroupRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for LeaveGroupRequest<'a> {
+  type Inner = LeaveGroupRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> LeaveGroupRequest<'a> {
+  pub const VT_GROUP_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_MEMBERS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    LeaveGroupRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args LeaveGroupRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<LeaveGroupRequest<'bldr>> {
+    let mut builder = LeaveGroupRequestBuilder::new(_fbb);
+    if let Some(x) = args.members { builder.add_members(x); }
+    if let Some(x) = args.group_id { builder.add_group_id(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(LeaveGroupRequest::VT_GROUP_ID, None)}
+  }
+  #[inline]
+  pub fn members(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<LeaveGroupMember<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<LeaveGroupMember>>>>(LeaveGroupRequest::VT_MEMBERS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for LeaveGroupRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group_id", Self::VT_GROUP_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<LeaveGroupMember>>>>("members", Self::VT_MEMBERS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct LeaveGroupRequestArgs<'a> {
+    pub group_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub members: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<LeaveGroupMember<'a>>>>>,
+}
+impl<'a> Default for LeaveGroupRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    LeaveGroupRequestArgs {
+      group_id: None,
+      members: None,
+    }
+  }
+}
+
+pub struct LeaveGroupRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> LeaveGroupRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group_id(&mut self, group_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(LeaveGroupRequest::VT_GROUP_ID, group_id);
+  }
+  #[inline]
+  pub fn add_members(&mut self, members: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<LeaveGroupMember<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(LeaveGroupRequest::VT_MEMBERS, members);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> LeaveGroupRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    LeaveGroupRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<LeaveGroupRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for LeaveGroupRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("LeaveGroupRequest");
+      ds.field("group_id", &self.group_id());
+      ds.field("members", &self.members());
+      ds.finish()
+  }
+}
+pub enum LeaveGroupMemberResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct LeaveGroupMemberResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for LeaveGroupMemberResponse<'a> {
+  type Inner = LeaveGroupMemberResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> LeaveGroupMemberResponse<'a> {
+  pub const VT_MEMBER_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_GROUP_INSTANCE_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    LeaveGroupMemberResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args LeaveGroupMemberResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<LeaveGroupMemberResponse<'bldr>> {
+    let mut builder = LeaveGroupMemberResponseBuilder::new(_fbb);
+    if let Some(x) = args.group_instance_id { builder.add_group_instance_id(x); }
+    if let Some(x) = args.member_id { builder.add_member_id(x); }
+    builder.add_error(args.error);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn member_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(LeaveGroupMemberResponse::VT_MEMBER_ID, None)}
+  }
+  #[inline]
+  pub fn group_instance_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(LeaveGroupMemberResponse::VT_GROUP_INSTANCE_ID, None)}
+  }
+  #[inline]
+  pub fn error(&self) -> ErrorCode {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ErrorCode>(LeaveGroupMemberResponse::VT_ERROR, Some(ErrorCode::None)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for LeaveGroupMemberResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("member_id", Self::VT_MEMBER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group_instance_id", Self::VT_GROUP_INSTANCE_ID, false)?
+     .visit_field::<ErrorCode>("error", Self::VT_ERROR, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct LeaveGroupMemberResponseArgs<'a> {
+    pub member_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub group_instance_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub error: ErrorCode,
+}
+impl<'a> Default for LeaveGroupMemberResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    LeaveGroupMemberResponseArgs {
+      member_id: None,
+      group_instance_id: None,
+      error: ErrorCode::None,
+    }
+  }
+}
+
+pub struct LeaveGroupMemberResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> LeaveGroupMemberResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_member_id(&mut self, member_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(LeaveGroupMemberResponse::VT_MEMBER_ID, member_id);
+  }
+  #[inline]
+  pub fn add_group_instance_id(&mut self, group_instance_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(LeaveGroupMemberResponse::VT_GROUP_INSTANCE_ID, group_instance_id);
+  }
+  #[inline]
+  pub fn add_error(&mut self, error: ErrorCode) {
+    self.fbb_.push_slot::<ErrorCode>(LeaveGroupMemberResponse::VT_ERROR, error, ErrorCode::None);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> LeaveGroupMemberResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    LeaveGroupMemberResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<LeaveGroupMemberResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for LeaveGroupMemberResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("LeaveGroupMemberResponse");
+      ds.field("member_id", &self.member_id());
+      ds.field("group_instance_id", &self.group_instance_id());
+      ds.field("error", &self.error());
+      ds.finish()
+  }
+}
+pub enum LeaveGroupResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct LeaveGroupResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for LeaveGroupResponse<'a> {
+  type Inner = LeaveGroupResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> LeaveGroupResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ERROR_MESSAGE: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MEMBERS: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    LeaveGroupResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args LeaveGroupResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<LeaveGroupResponse<'bldr>> {
+    let mut builder = LeaveGroupResponseBuilder::new(_fbb);
+    if let Some(x) = args.members { builder.add_members(x); }
+    if let Some(x) = args.error_message { builder.add_error_message(x); }
+    builder.add_error(args.error);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> ErrorCode {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ErrorCode>(LeaveGroupResponse::VT_ERROR, Some(ErrorCode::None)).unwrap()}
+  }
+  #[inline]
+  pub fn error_message(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(LeaveGroupResponse::VT_ERROR_MESSAGE, None)}
+  }
+  #[inline]
+  pub fn members(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<LeaveGroupMemberResponse<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<LeaveGroupMemberResponse>>>>(LeaveGroupResponse::VT_MEMBERS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for LeaveGroupResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<ErrorCode>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("error_message", Self::VT_ERROR_MESSAGE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<LeaveGroupMemberResponse>>>>("members", Self::VT_MEMBERS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct LeaveGroupResponseArgs<'a> {
+    pub error: ErrorCode,
+    pub error_message: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub members: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<LeaveGroupMemberResponse<'a>>>>>,
+}
+impl<'a> Default for LeaveGroupResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    LeaveGroupResponseArgs {
+      error: ErrorCode::None,
+      error_message: None,
+      members: None,
+    }
+  }
+}
+
+pub struct LeaveGroupResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> LeaveGroupResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ErrorCode) {
+    self.fbb_.push_slot::<ErrorCode>(LeaveGroupResponse::VT_ERROR, error, ErrorCode::None);
+  }
+  #[inline]
+  pub fn add_error_message(&mut self, error_message: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(LeaveGroupResponse::VT_ERROR_MESSAGE, error_message);
+  }
+  #[inline]
+  pub fn add_members(&mut self, members: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<LeaveGroupMemberResponse<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(LeaveGroupResponse::VT_MEMBERS, members);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> LeaveGroupResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    LeaveGroupResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<LeaveGroupResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for LeaveGroupResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("LeaveGroupResponse");
+      ds.field("error", &self.error());
+      ds.field("error_message", &self.error_message());
+      ds.field("members", &self.members());
+      ds.finish()
+  }
+}
+pub enum OffsetCommitPartitionOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct OffsetCommitPartition<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for OffsetCommitPartition<'a> {
+  type Inner = OffsetCommitPartition<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> OffsetCommitPartition<'a> {
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITION: ::flatbuffers::VOffsetT = 6;
+  pub const VT_OFFSET: ::flatbuffers::VOffsetT = 8;
+  pub const VT_LEADER_EPOCH: ::flatbuffers::VOffsetT = 10;
+  pub const VT_METADATA: ::flatbuffers::VOffsetT = 12;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    OffsetCommitPartition { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args OffsetCommitPartitionArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<OffsetCommitPartition<'bldr>> {
+    let mut builder = OffsetCommitPartitionBuilder::new(_fbb);
+    builder.add_offset(args.offset);
+    if let Some(x) = args.metadata { builder.add_metadata(x); }
+    builder.add_leader_epoch(args.leader_epoch);
+    builder.add_partition(args.partition);
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(OffsetCommitPartition::VT_TOPIC, None)}
+  }
+  #[inline]
+  pub fn partition(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(OffsetCommitPartition::VT_PARTITION, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn offset(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(OffsetCommitPartition::VT_OFFSET, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn leader_epoch(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(OffsetCommitPartition::VT_LEADER_EPOCH, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn metadata(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(OffsetCommitPartition::VT_METADATA, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for OffsetCommitPartition<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
+     .visit_field::<i64>("offset", Self::VT_OFFSET, false)?
+     .visit_field::<i32>("leader_epoch", Self::VT_LEADER_EPOCH, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("metadata", Self::VT_METADATA, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct OffsetCommitPartitionArgs<'a> {
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partition: u32,
+    pub offset: i64,
+    pub leader_epoch: i32,
+    pub metadata: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for OffsetCommitPartitionArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    OffsetCommitPartitionArgs {
+      topic: None,
+      partition: 0,
+      offset: 0,
+      leader_epoch: -1,
+      metadata: None,
+    }
+  }
+}
+
+pub struct OffsetCommitPartitionBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> OffsetCommitPartitionBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetCommitPartition::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_partition(&mut self, partition: u32) {
+    self.fbb_.push_slot::<u32>(OffsetCommitPartition::VT_PARTITION, partition, 0);
+  }
+  #[inline]
+  pub fn add_offset(&mut self, offset: i64) {
+    self.fbb_.push_slot::<i64>(OffsetCommitPartition::VT_OFFSET, offset, 0);
+  }
+  #[inline]
+  pub fn add_leader_epoch(&mut self, leader_epoch: i32) {
+    self.fbb_.push_slot::<i32>(OffsetCommitPartition::VT_LEADER_EPOCH, leader_epoch, -1);
+  }
+  #[inline]
+  pub fn add_metadata(&mut self, metadata: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetCommitPartition::VT_METADATA, metadata);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> OffsetCommitPartitionBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    OffsetCommitPartitionBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<OffsetCommitPartition<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for OffsetCommitPartition<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("OffsetCommitPartition");
+      ds.field("topic", &self.topic());
+      ds.field("partition", &self.partition());
+      ds.field("offset", &self.offset());
+      ds.field("leader_epoch", &self.leader_epoch());
+      ds.field("metadata", &self.metadata());
+      ds.finish()
+  }
+}
+pub enum OffsetCommitRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A member commits with its generation and member id; a commit with
+/// generation -1 and no member id is accepted only while the group has no
+/// members (tools resetting offsets).
+pub struct OffsetCommitRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for OffsetCommitRequest<'a> {
+  type Inner = OffsetCommitRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> OffsetCommitRequest<'a> {
+  pub const VT_GROUP_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_GENERATION_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MEMBER_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_GROUP_INSTANCE_ID: ::flatbuffers::VOffsetT = 10;
+  pub const VT_PARTITIONS: ::flatbuffers::VOffsetT = 12;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    OffsetCommitRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args OffsetCommitRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<OffsetCommitRequest<'bldr>> {
+    let mut builder = OffsetCommitRequestBuilder::new(_fbb);
+    if let Some(x) = args.partitions { builder.add_partitions(x); }
+    if let Some(x) = args.group_instance_id { builder.add_group_instance_id(x); }
+    if let Some(x) = args.member_id { builder.add_member_id(x); }
+    builder.add_generation_id(args.generation_id);
+    if let Some(x) = args.group_id { builder.add_group_id(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(OffsetCommitRequest::VT_GROUP_ID, None)}
+  }
+  #[inline]
+  pub fn generation_id(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(OffsetCommitRequest::VT_GENERATION_ID, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn member_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(OffsetCommitRequest::VT_MEMBER_ID, None)}
+  }
+  #[inline]
+  pub fn group_instance_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(OffsetCommitRequest::VT_GROUP_INSTANCE_ID, None)}
+  }
+  #[inline]
+  pub fn partitions(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<OffsetCommitPartition<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<OffsetCommitPartition>>>>(OffsetCommitRequest::VT_PARTITIONS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for OffsetCommitRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group_id", Self::VT_GROUP_ID, false)?
+     .visit_field::<i32>("generation_id", Self::VT_GENERATION_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("member_id", Self::VT_MEMBER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group_instance_id", Self::VT_GROUP_INSTANCE_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<OffsetCommitPartition>>>>("partitions", Self::VT_PARTITIONS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct OffsetCommitRequestArgs<'a> {
+    pub group_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub generation_id: i32,
+    pub member_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub group_instance_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partitions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<OffsetCommitPartition<'a>>>>>,
+}
+impl<'a> Default for OffsetCommitRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    OffsetCommitRequestArgs {
+      group_id: None,
+      generation_id: -1,
+      member_id: None,
+      group_instance_id: None,
+      partitions: None,
+    }
+  }
+}
+
+pub struct OffsetCommitRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> OffsetCommitRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group_id(&mut self, group_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetCommitRequest::VT_GROUP_ID, group_id);
+  }
+  #[inline]
+  pub fn add_generation_id(&mut self, generation_id: i32) {
+    self.fbb_.push_slot::<i32>(OffsetCommitRequest::VT_GENERATION_ID, generation_id, -1);
+  }
+  #[inline]
+  pub fn add_member_id(&mut self, member_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetCommitRequest::VT_MEMBER_ID, member_id);
+  }
+  #[inline]
+  pub fn add_group_instance_id(&mut self, group_instance_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetCommitRequest::VT_GROUP_INSTANCE_ID, group_instance_id);
+  }
+  #[inline]
+  pub fn add_partitions(&mut self, partitions: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<OffsetCommitPartition<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetCommitRequest::VT_PARTITIONS, partitions);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> OffsetCommitRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    OffsetCommitRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<OffsetCommitRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for OffsetCommitRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("OffsetCommitRequest");
+      ds.field("group_id", &self.group_id());
+      ds.field("generation_id", &self.generation_id());
+      ds.field("member_id", &self.member_id());
+      ds.field("group_instance_id", &self.group_instance_id());
+      ds.field("partitions", &self.partitions());
+      ds.finish()
+  }
+}
+pub enum OffsetCommitPartitionResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct OffsetCommitPartitionResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for OffsetCommitPartitionResponse<'a> {
+  type Inner = OffsetCommitPartitionResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> OffsetCommitPartitionResponse<'a> {
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITION: ::flatbuffers::VOffsetT = 6;
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 8;
+  pub const VT_ERROR_MESSAGE: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    OffsetCommitPartitionResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args OffsetCommitPartitionResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<OffsetCommitPartitionResponse<'bldr>> {
+    let mut builder = OffsetCommitPartitionResponseBuilder::new(_fbb);
+    if let Some(x) = args.error_message { builder.add_error_message(x); }
+    builder.add_partition(args.partition);
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.add_error(args.error);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(OffsetCommitPartitionResponse::VT_TOPIC, None)}
+  }
+  #[inline]
+  pub fn partition(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(OffsetCommitPartitionResponse::VT_PARTITION, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn error(&self) -> ErrorCode {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ErrorCode>(OffsetCommitPartitionResponse::VT_ERROR, Some(ErrorCode::None)).unwrap()}
+  }
+  #[inline]
+  pub fn error_message(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(OffsetCommitPartitionResponse::VT_ERROR_MESSAGE, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for OffsetCommitPartitionResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
+     .visit_field::<ErrorCode>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("error_message", Self::VT_ERROR_MESSAGE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct OffsetCommitPartitionResponseArgs<'a> {
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partition: u32,
+    pub error: ErrorCode,
+    pub error_message: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for OffsetCommitPartitionResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    OffsetCommitPartitionResponseArgs {
+      topic: None,
+      partition: 0,
+      error: ErrorCode::None,
+      error_message: None,
+    }
+  }
+}
+
+pub struct OffsetCommitPartitionResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> OffsetCommitPartitionResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetCommitPartitionResponse::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_partition(&mut self, partition: u32) {
+    self.fbb_.push_slot::<u32>(OffsetCommitPartitionResponse::VT_PARTITION, partition, 0);
+  }
+  #[inline]
+  pub fn add_error(&mut self, error: ErrorCode) {
+    self.fbb_.push_slot::<ErrorCode>(OffsetCommitPartitionResponse::VT_ERROR, error, ErrorCode::None);
+  }
+  #[inline]
+  pub fn add_error_message(&mut self, error_message: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetCommitPartitionResponse::VT_ERROR_MESSAGE, error_message);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> OffsetCommitPartitionResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    OffsetCommitPartitionResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<OffsetCommitPartitionResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for OffsetCommitPartitionResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("OffsetCommitPartitionResponse");
+      ds.field("topic", &self.topic());
+      ds.field("partition", &self.partition());
+      ds.field("error", &self.error());
+      ds.field("error_message", &self.error_message());
+      ds.finish()
+  }
+}
+pub enum OffsetCommitResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct OffsetCommitResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for OffsetCommitResponse<'a> {
+  type Inner = OffsetCommitResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> OffsetCommitResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ERROR_MESSAGE: ::flatbuffers::VOffsetT = 6;
+  pub const VT_PARTITIONS: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    OffsetCommitResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args OffsetCommitResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<OffsetCommitResponse<'bldr>> {
+    let mut builder = OffsetCommitResponseBuilder::new(_fbb);
+    if let Some(x) = args.partitions { builder.add_partitions(x); }
+    if let Some(x) = args.error_message { builder.add_error_message(x); }
+    builder.add_error(args.error);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> ErrorCode {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ErrorCode>(OffsetCommitResponse::VT_ERROR, Some(ErrorCode::None)).unwrap()}
+  }
+  #[inline]
+  pub fn error_message(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(OffsetCommitResponse::VT_ERROR_MESSAGE, None)}
+  }
+  #[inline]
+  pub fn partitions(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<OffsetCommitPartitionResponse<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<OffsetCommitPartitionResponse>>>>(OffsetCommitResponse::VT_PARTITIONS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for OffsetCommitResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<ErrorCode>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("error_message", Self::VT_ERROR_MESSAGE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<OffsetCommitPartitionResponse>>>>("partitions", Self::VT_PARTITIONS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct OffsetCommitResponseArgs<'a> {
+    pub error: ErrorCode,
+    pub error_message: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partitions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<OffsetCommitPartitionResponse<'a>>>>>,
+}
+impl<'a> Default for OffsetCommitResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    OffsetCommitResponseArgs {
+      error: ErrorCode::None,
+      error_message: None,
+      partitions: None,
+    }
+  }
+}
+
+pub struct OffsetCommitResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> OffsetCommitResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ErrorCode) {
+    self.fbb_.push_slot::<ErrorCode>(OffsetCommitResponse::VT_ERROR, error, ErrorCode::None);
+  }
+  #[inline]
+  pub fn add_error_message(&mut self, error_message: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetCommitResponse::VT_ERROR_MESSAGE, error_message);
+  }
+  #[inline]
+  pub fn add_partitions(&mut self, partitions: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<OffsetCommitPartitionResponse<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetCommitResponse::VT_PARTITIONS, partitions);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> OffsetCommitResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    OffsetCommitResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<OffsetCommitResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for OffsetCommitResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("OffsetCommitResponse");
+      ds.field("error", &self.error());
+      ds.field("error_message", &self.error_message());
+      ds.field("partitions", &self.partitions());
+      ds.finish()
+  }
+}
+pub enum OffsetFetchPartitionOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct OffsetFetchPartition<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for OffsetFetchPartition<'a> {
+  type Inner = OffsetFetchPartition<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> OffsetFetchPartition<'a> {
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITION: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    OffsetFetchPartition { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args OffsetFetchPartitionArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<OffsetFetchPartition<'bldr>> {
+    let mut builder = OffsetFetchPartitionBuilder::new(_fbb);
+    builder.add_partition(args.partition);
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(OffsetFetchPartition::VT_TOPIC, None)}
+  }
+  #[inline]
+  pub fn partition(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(OffsetFetchPartition::VT_PARTITION, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for OffsetFetchPartition<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct OffsetFetchPartitionArgs<'a> {
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partition: u32,
+}
+impl<'a> Default for OffsetFetchPartitionArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    OffsetFetchPartitionArgs {
+      topic: None,
+      partition: 0,
+    }
+  }
+}
+
+pub struct OffsetFetchPartitionBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> OffsetFetchPartitionBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetFetchPartition::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_partition(&mut self, partition: u32) {
+    self.fbb_.push_slot::<u32>(OffsetFetchPartition::VT_PARTITION, partition, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> OffsetFetchPartitionBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    OffsetFetchPartitionBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<OffsetFetchPartition<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for OffsetFetchPartition<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("OffsetFetchPartition");
+      ds.field("topic", &self.topic());
+      ds.field("partition", &self.partition());
+      ds.finish()
+  }
+}
+pub enum OffsetFetchRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct OffsetFetchRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for OffsetFetchRequest<'a> {
+  type Inner = OffsetFetchRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> OffsetFetchRequest<'a> {
+  pub const VT_GROUP_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITIONS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    OffsetFetchRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args OffsetFetchRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<OffsetFetchRequest<'bldr>> {
+    let mut builder = OffsetFetchRequestBuilder::new(_fbb);
+    if let Some(x) = args.partitions { builder.add_partitions(x); }
+    if let Some(x) = args.group_id { builder.add_group_id(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(OffsetFetchRequest::VT_GROUP_ID, None)}
+  }
+  /// Absent: every partition the group has an offset for.
+  #[inline]
+  pub fn partitions(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<OffsetFetchPartition<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<OffsetFetchPartition>>>>(OffsetFetchRequest::VT_PARTITIONS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for OffsetFetchRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group_id", Self::VT_GROUP_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<OffsetFetchPartition>>>>("partitions", Self::VT_PARTITIONS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct OffsetFetchRequestArgs<'a> {
+    pub group_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partitions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<OffsetFetchPartition<'a>>>>>,
+}
+impl<'a> Default for OffsetFetchRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    OffsetFetchRequestArgs {
+      group_id: None,
+      partitions: None,
+    }
+  }
+}
+
+pub struct OffsetFetchRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> OffsetFetchRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group_id(&mut self, group_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetFetchRequest::VT_GROUP_ID, group_id);
+  }
+  #[inline]
+  pub fn add_partitions(&mut self, partitions: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<OffsetFetchPartition<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetFetchRequest::VT_PARTITIONS, partitions);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> OffsetFetchRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    OffsetFetchRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<OffsetFetchRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for OffsetFetchRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("OffsetFetchRequest");
+      ds.field("group_id", &self.group_id());
+      ds.field("partitions", &self.partitions());
+      ds.finish()
+  }
+}
+pub enum OffsetFetchPartitionResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct OffsetFetchPartitionResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for OffsetFetchPartitionResponse<'a> {
+  type Inner = OffsetFetchPartitionResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> OffsetFetchPartitionResponse<'a> {
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITION: ::flatbuffers::VOffsetT = 6;
+  pub const VT_OFFSET: ::flatbuffers::VOffsetT = 8;
+  pub const VT_LEADER_EPOCH: ::flatbuffers::VOffsetT = 10;
+  pub const VT_METADATA: ::flatbuffers::VOffsetT = 12;
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 14;
+  pub const VT_LOG_END_OFFSET: ::flatbuffers::VOffsetT = 16;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    OffsetFetchPartitionResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args OffsetFetchPartitionResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<OffsetFetchPartitionResponse<'bldr>> {
+    let mut builder = OffsetFetchPartitionResponseBuilder::new(_fbb);
+    builder.add_log_end_offset(args.log_end_offset);
+    builder.add_offset(args.offset);
+    if let Some(x) = args.metadata { builder.add_metadata(x); }
+    builder.add_leader_epoch(args.leader_epoch);
+    builder.add_partition(args.partition);
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.add_error(args.error);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(OffsetFetchPartitionResponse::VT_TOPIC, None)}
+  }
+  #[inline]
+  pub fn partition(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(OffsetFetchPartitionResponse::VT_PARTITION, Some(0)).unwrap()}
+  }
+  /// -1: no committed offset.
+  #[inline]
+  pub fn offset(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(OffsetFetchPartitionResponse::VT_OFFSET, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn leader_epoch(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(OffsetFetchPartitionResponse::VT_LEADER_EPOCH, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn metadata(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(OffsetFetchPartitionResponse::VT_METADATA, None)}
+  }
+  #[inline]
+  pub fn error(&self) -> ErrorCode {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ErrorCode>(OffsetFetchPartitionResponse::VT_ERROR, Some(ErrorCode::None)).unwrap()}
+  }
+  /// The partition's log end offset (high watermark) when the coordinator
+  /// knows it, else -1: lag = log_end_offset - offset.
+  #[inline]
+  pub fn log_end_offset(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(OffsetFetchPartitionResponse::VT_LOG_END_OFFSET, Some(-1)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for OffsetFetchPartitionResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
+     .visit_field::<i64>("offset", Self::VT_OFFSET, false)?
+     .visit_field::<i32>("leader_epoch", Self::VT_LEADER_EPOCH, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("metadata", Self::VT_METADATA, false)?
+     .visit_field::<ErrorCode>("error", Self::VT_ERROR, false)?
+     .visit_field::<i64>("log_end_offset", Self::VT_LOG_END_OFFSET, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct OffsetFetchPartitionResponseArgs<'a> {
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partition: u32,
+    pub offset: i64,
+    pub leader_epoch: i32,
+    pub metadata: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub error: ErrorCode,
+    pub log_end_offset: i64,
+}
+impl<'a> Default for OffsetFetchPartitionResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    OffsetFetchPartitionResponseArgs {
+      topic: None,
+      partition: 0,
+      offset: -1,
+      leader_epoch: -1,
+      metadata: None,
+      error: ErrorCode::None,
+      log_end_offset: -1,
+    }
+  }
+}
+
+pub struct OffsetFetchPartitionResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> OffsetFetchPartitionResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetFetchPartitionResponse::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_partition(&mut self, partition: u32) {
+    self.fbb_.push_slot::<u32>(OffsetFetchPartitionResponse::VT_PARTITION, partition, 0);
+  }
+  #[inline]
+  pub fn add_offset(&mut self, offset: i64) {
+    self.fbb_.push_slot::<i64>(OffsetFetchPartitionResponse::VT_OFFSET, offset, -1);
+  }
+  #[inline]
+  pub fn add_leader_epoch(&mut self, leader_epoch: i32) {
+    self.fbb_.push_slot::<i32>(OffsetFetchPartitionResponse::VT_LEADER_EPOCH, leader_epoch, -1);
+  }
+  #[inline]
+  pub fn add_metadata(&mut self, metadata: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetFetchPartitionResponse::VT_METADATA, metadata);
+  }
+  #[inline]
+  pub fn add_error(&mut self, error: ErrorCode) {
+    self.fbb_.push_slot::<ErrorCode>(OffsetFetchPartitionResponse::VT_ERROR, error, ErrorCode::None);
+  }
+  #[inline]
+  pub fn add_log_end_offset(&mut self, log_end_offset: i64) {
+    self.fbb_.push_slot::<i64>(OffsetFetchPartitionResponse::VT_LOG_END_OFFSET, log_end_offset, -1);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> OffsetFetchPartitionResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    OffsetFetchPartitionResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<OffsetFetchPartitionResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for OffsetFetchPartitionResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("OffsetFetchPartitionResponse");
+      ds.field("topic", &self.topic());
+      ds.field("partition", &self.partition());
+      ds.field("offset", &self.offset());
+      ds.field("leader_epoch", &self.leader_epoch());
+      ds.field("metadata", &self.metadata());
+      ds.field("error", &self.error());
+      ds.field("log_end_offset", &self.log_end_offset());
+      ds.finish()
+  }
+}
+pub enum OffsetFetchResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct OffsetFetchResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for OffsetFetchResponse<'a> {
+  type Inner = OffsetFetchResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> OffsetFetchResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ERROR_MESSAGE: ::flatbuffers::VOffsetT = 6;
+  pub const VT_PARTITIONS: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    OffsetFetchResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args OffsetFetchResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<OffsetFetchResponse<'bldr>> {
+    let mut builder = OffsetFetchResponseBuilder::new(_fbb);
+    if let Some(x) = args.partitions { builder.add_partitions(x); }
+    if let Some(x) = args.error_message { builder.add_error_message(x); }
+    builder.add_error(args.error);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> ErrorCode {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ErrorCode>(OffsetFetchResponse::VT_ERROR, Some(ErrorCode::None)).unwrap()}
+  }
+  #[inline]
+  pub fn error_message(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(OffsetFetchResponse::VT_ERROR_MESSAGE, None)}
+  }
+  #[inline]
+  pub fn partitions(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<OffsetFetchPartitionResponse<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<OffsetFetchPartitionResponse>>>>(OffsetFetchResponse::VT_PARTITIONS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for OffsetFetchResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<ErrorCode>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("error_message", Self::VT_ERROR_MESSAGE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<OffsetFetchPartitionResponse>>>>("partitions", Self::VT_PARTITIONS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct OffsetFetchResponseArgs<'a> {
+    pub error: ErrorCode,
+    pub error_message: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partitions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<OffsetFetchPartitionResponse<'a>>>>>,
+}
+impl<'a> Default for OffsetFetchResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    OffsetFetchResponseArgs {
+      error: ErrorCode::None,
+      error_message: None,
+      partitions: None,
+    }
+  }
+}
+
+pub struct OffsetFetchResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> OffsetFetchResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ErrorCode) {
+    self.fbb_.push_slot::<ErrorCode>(OffsetFetchResponse::VT_ERROR, error, ErrorCode::None);
+  }
+  #[inline]
+  pub fn add_error_message(&mut self, error_message: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetFetchResponse::VT_ERROR_MESSAGE, error_message);
+  }
+  #[inline]
+  pub fn add_partitions(&mut self, partitions: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<OffsetFetchPartitionResponse<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetFetchResponse::VT_PARTITIONS, partitions);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> OffsetFetchResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    OffsetFetchResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<OffsetFetchResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for OffsetFetchResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("OffsetFetchResponse");
+      ds.field("error", &self.error());
+      ds.field("error_message", &self.error_message());
+      ds.field("partitions", &self.partitions());
+      ds.finish()
+  }
+}
+pub enum ListGroupsRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ListGroupsRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ListGroupsRequest<'a> {
+  type Inner = ListGroupsRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ListGroupsRequest<'a> {
+  pub const VT_STATES_FILTER: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ListGroupsRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ListGroupsRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ListGroupsRequest<'bldr>> {
+    let mut builder = ListGroupsRequestBuilder::new(_fbb);
+    if let Some(x) = args.states_filter { builder.add_states_filter(x); }
+    builder.finish()
+  }
+
+
+  /// Absent or empty: every state.
+  #[inline]
+  pub fn states_filter(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(ListGroupsRequest::VT_STATES_FILTER, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ListGroupsRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("states_filter", Self::VT_STATES_FILTER, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ListGroupsRequestArgs<'a> {
+    pub states_filter: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+}
+impl<'a> Default for ListGroupsRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ListGroupsRequestArgs {
+      states_filter: None,
+    }
+  }
+}
+
+pub struct ListGroupsRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ListGroupsRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_states_filter(&mut self, states_filter: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ListGroupsRequest::VT_STATES_FILTER, states_filter);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ListGroupsRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ListGroupsRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ListGroupsRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ListGroupsRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ListGroupsRequest");
+      ds.field("states_filter", &self.states_filter());
+      ds.finish()
+  }
+}
+pub enum ListedGroupOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ListedGroup<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ListedGroup<'a> {
+  type Inner = ListedGroup<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ListedGroup<'a> {
+  pub const VT_GROUP_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PROTOCOL_TYPE: ::flatbuffers::VOffsetT = 6;
+  pub const VT_STATE: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ListedGroup { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ListedGroupArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ListedGroup<'bldr>> {
+    let mut builder = ListedGroupBuilder::new(_fbb);
+    if let Some(x) = args.state { builder.add_state(x); }
+    if let Some(x) = args.protocol_type { builder.add_protocol_type(x); }
+    if let Some(x) = args.group_id { builder.add_group_id(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ListedGroup::VT_GROUP_ID, None)}
+  }
+  #[inline]
+  pub fn protocol_type(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ListedGroup::VT_PROTOCOL_TYPE, None)}
+  }
+  #[inline]
+  pub fn state(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ListedGroup::VT_STATE, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ListedGroup<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group_id", Self::VT_GROUP_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("protocol_type", Self::VT_PROTOCOL_TYPE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("state", Self::VT_STATE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ListedGroupArgs<'a> {
+    pub group_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub protocol_type: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub state: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for ListedGroupArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ListedGroupArgs {
+      group_id: None,
+      protocol_type: None,
+      state: None,
+    }
+  }
+}
+
+pub struct ListedGroupBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ListedGroupBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group_id(&mut self, group_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ListedGroup::VT_GROUP_ID, group_id);
+  }
+  #[inline]
+  pub fn add_protocol_type(&mut self, protocol_type: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ListedGroup::VT_PROTOCOL_TYPE, protocol_type);
+  }
+  #[inline]
+  pub fn add_state(&mut self, state: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ListedGroup::VT_STATE, state);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ListedGroupBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ListedGroupBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ListedGroup<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ListedGroup<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ListedGroup");
+      ds.field("group_id", &self.group_id());
+      ds.field("protocol_type", &self.protocol_type());
+      ds.field("state", &self.state());
+      ds.finish()
+  }
+}
+pub enum ListGroupsResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct ListGroupsResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ListGroupsResponse<'a> {
+  type Inner = ListGroupsResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ListGroupsResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ERROR_MESSAGE: ::flatbuffers::VOffsetT = 6;
+  pub const VT_GROUPS: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ListGroupsResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ListGroupsResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ListGroupsResponse<'bldr>> {
+    let mut builder = ListGroupsResponseBuilder::new(_fbb);
+    if let Some(x) = args.groups { builder.add_groups(x); }
+    if let Some(x) = args.error_message { builder.add_error_message(x); }
+    builder.add_error(args.error);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> ErrorCode {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ErrorCode>(ListGroupsResponse::VT_ERROR, Some(ErrorCode::None)).unwrap()}
+  }
+  #[inline]
+  pub fn error_message(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ListGroupsResponse::VT_ERROR_MESSAGE, None)}
+  }
+  #[inline]
+  pub fn groups(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ListedGroup<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ListedGroup>>>>(ListGroupsResponse::VT_GROUPS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ListGroupsResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<ErrorCode>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("error_message", Self::VT_ERROR_MESSAGE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ListedGroup>>>>("groups", Self::VT_GROUPS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ListGroupsResponseArgs<'a> {
+    pub error: ErrorCode,
+    pub error_message: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub groups: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ListedGroup<'a>>>>>,
+}
+impl<'a> Default for ListGroupsResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ListGroupsResponseArgs {
+      error: ErrorCode::None,
+      error_message: None,
+      groups: None,
+    }
+  }
+}
+
+pub struct ListGroupsResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ListGroupsResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ErrorCode) {
+    self.fbb_.push_slot::<ErrorCode>(ListGroupsResponse::VT_ERROR, error, ErrorCode::None);
+  }
+  #[inline]
+  pub fn add_error_message(&mut self, error_message: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ListGroupsResponse::VT_ERROR_MESSAGE, error_message);
+  }
+  #[inline]
+  pub fn add_groups(&mut self, groups: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ListedGroup<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ListGroupsResponse::VT_GROUPS, groups);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ListGroupsResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ListGroupsResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ListGroupsResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ListGroupsResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ListGroupsResponse");
+      ds.field("error", &self.error());
+      ds.field("error_message", &self.error_message());
+      ds.field("groups", &self.groups());
+      ds.finish()
+  }
+}
+pub enum DescribeGroupsRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct DescribeGroupsRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DescribeGroupsRequest<'a> {
+  type Inner = DescribeGroupsRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DescribeGroupsRequest<'a> {
+  pub const VT_GROUPS: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DescribeGroupsRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DescribeGroupsRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<DescribeGroupsRequest<'bldr>> {
+    let mut builder = DescribeGroupsRequestBuilder::new(_fbb);
+    if let Some(x) = args.groups { builder.add_groups(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn groups(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(DescribeGroupsRequest::VT_GROUPS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DescribeGroupsRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("groups", Self::VT_GROUPS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DescribeGroupsRequestArgs<'a> {
+    pub groups: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+}
+impl<'a> Default for DescribeGroupsRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    DescribeGroupsRequestArgs {
+      groups: None,
+    }
+  }
+}
+
+pub struct DescribeGroupsRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DescribeGroupsRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_groups(&mut self, groups: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribeGroupsRequest::VT_GROUPS, groups);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DescribeGroupsRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DescribeGroupsRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DescribeGroupsRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DescribeGroupsRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DescribeGroupsRequest");
+      ds.field("groups", &self.groups());
+      ds.finish()
+  }
+}
+pub enum DescribedMemberOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct DescribedMember<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DescribedMember<'a> {
+  type Inner = DescribedMember<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DescribedMember<'a> {
+  pub const VT_MEMBER_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_GROUP_INSTANCE_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_CLIENT_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_CLIENT_HOST: ::flatbuffers::VOffsetT = 10;
+  pub const VT_METADATA: ::flatbuffers::VOffsetT = 12;
+  pub const VT_ASSIGNMENT: ::flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DescribedMember { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DescribedMemberArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<DescribedMember<'bldr>> {
+    let mut builder = DescribedMemberBuilder::new(_fbb);
+    if let Some(x) = args.assignment { builder.add_assignment(x); }
+    if let Some(x) = args.metadata { builder.add_metadata(x); }
+    if let Some(x) = args.client_host { builder.add_client_host(x); }
+    if let Some(x) = args.client_id { builder.add_client_id(x); }
+    if let Some(x) = args.group_instance_id { builder.add_group_instance_id(x); }
+    if let Some(x) = args.member_id { builder.add_member_id(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn member_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(DescribedMember::VT_MEMBER_ID, None)}
+  }
+  #[inline]
+  pub fn group_instance_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(DescribedMember::VT_GROUP_INSTANCE_ID, None)}
+  }
+  #[inline]
+  pub fn client_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(DescribedMember::VT_CLIENT_ID, None)}
+  }
+  #[inline]
+  pub fn client_host(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(DescribedMember::VT_CLIENT_HOST, None)}
+  }
+  #[inline]
+  pub fn metadata(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(DescribedMember::VT_METADATA, None)}
+  }
+  #[inline]
+  pub fn assignment(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(DescribedMember::VT_ASSIGNMENT, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DescribedMember<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("member_id", Self::VT_MEMBER_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group_instance_id", Self::VT_GROUP_INSTANCE_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("client_id", Self::VT_CLIENT_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("client_host", Self::VT_CLIENT_HOST, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("metadata", Self::VT_METADATA, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("assignment", Self::VT_ASSIGNMENT, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DescribedMemberArgs<'a> {
+    pub member_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub group_instance_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub client_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub client_host: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub metadata: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+    pub assignment: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for DescribedMemberArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    DescribedMemberArgs {
+      member_id: None,
+      group_instance_id: None,
+      client_id: None,
+      client_host: None,
+      metadata: None,
+      assignment: None,
+    }
+  }
+}
+
+pub struct DescribedMemberBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DescribedMemberBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_member_id(&mut self, member_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribedMember::VT_MEMBER_ID, member_id);
+  }
+  #[inline]
+  pub fn add_group_instance_id(&mut self, group_instance_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribedMember::VT_GROUP_INSTANCE_ID, group_instance_id);
+  }
+  #[inline]
+  pub fn add_client_id(&mut self, client_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribedMember::VT_CLIENT_ID, client_id);
+  }
+  #[inline]
+  pub fn add_client_host(&mut self, client_host: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribedMember::VT_CLIENT_HOST, client_host);
+  }
+  #[inline]
+  pub fn add_metadata(&mut self, metadata: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribedMember::VT_METADATA, metadata);
+  }
+  #[inline]
+  pub fn add_assignment(&mut self, assignment: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribedMember::VT_ASSIGNMENT, assignment);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DescribedMemberBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DescribedMemberBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DescribedMember<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DescribedMember<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DescribedMember");
+      ds.field("member_id", &self.member_id());
+      ds.field("group_instance_id", &self.group_instance_id());
+      ds.field("client_id", &self.client_id());
+      ds.field("client_host", &self.client_host());
+      ds.field("metadata", &self.metadata());
+      ds.field("assignment", &self.assignment());
+      ds.finish()
+  }
+}
+pub enum DescribedGroupOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct DescribedGroup<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DescribedGroup<'a> {
+  type Inner = DescribedGroup<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DescribedGroup<'a> {
+  pub const VT_GROUP_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 6;
+  pub const VT_ERROR_MESSAGE: ::flatbuffers::VOffsetT = 8;
+  pub const VT_STATE: ::flatbuffers::VOffsetT = 10;
+  pub const VT_PROTOCOL_TYPE: ::flatbuffers::VOffsetT = 12;
+  pub const VT_PROTOCOL: ::flatbuffers::VOffsetT = 14;
+  pub const VT_GENERATION_ID: ::flatbuffers::VOffsetT = 16;
+  pub const VT_LEADER: ::flatbuffers::VOffsetT = 18;
+  pub const VT_MEMBERS: ::flatbuffers::VOffsetT = 20;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DescribedGroup { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DescribedGroupArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<DescribedGroup<'bldr>> {
+    let mut builder = DescribedGroupBuilder::new(_fbb);
+    if let Some(x) = args.members { builder.add_members(x); }
+    if let Some(x) = args.leader { builder.add_leader(x); }
+    builder.add_generation_id(args.generation_id);
+    if let Some(x) = args.protocol { builder.add_protocol(x); }
+    if let Some(x) = args.protocol_type { builder.add_protocol_type(x); }
+    if let Some(x) = args.state { builder.add_state(x); }
+    if let Some(x) = args.error_message { builder.add_error_message(x); }
+    if let Some(x) = args.group_id { builder.add_group_id(x); }
+    builder.add_error(args.error);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(DescribedGroup::VT_GROUP_ID, None)}
+  }
+  #[inline]
+  pub fn error(&self) -> ErrorCode {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ErrorCode>(DescribedGroup::VT_ERROR, Some(ErrorCode::None)).unwrap()}
+  }
+  #[inline]
+  pub fn error_message(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(DescribedGroup::VT_ERROR_MESSAGE, None)}
+  }
+  /// Empty, PreparingRebalance, CompletingRebalance, Stable or Dead.
+  #[inline]
+  pub fn state(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(DescribedGroup::VT_STATE, None)}
+  }
+  #[inline]
+  pub fn protocol_type(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(DescribedGroup::VT_PROTOCOL_TYPE, None)}
+  }
+  #[inline]
+  pub fn protocol(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(DescribedGroup::VT_PROTOCOL, None)}
+  }
+  #[inline]
+  pub fn generation_id(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(DescribedGroup::VT_GENERATION_ID, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn leader(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(DescribedGroup::VT_LEADER, None)}
+  }
+  #[inline]
+  pub fn members(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DescribedMember<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DescribedMember>>>>(DescribedGroup::VT_MEMBERS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DescribedGroup<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group_id", Self::VT_GROUP_ID, false)?
+     .visit_field::<ErrorCode>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("error_message", Self::VT_ERROR_MESSAGE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("state", Self::VT_STATE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("protocol_type", Self::VT_PROTOCOL_TYPE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("protocol", Self::VT_PROTOCOL, false)?
+     .visit_field::<i32>("generation_id", Self::VT_GENERATION_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("leader", Self::VT_LEADER, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<DescribedMember>>>>("members", Self::VT_MEMBERS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DescribedGroupArgs<'a> {
+    pub group_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub error: ErrorCode,
+    pub error_message: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub state: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub protocol_type: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub protocol: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub generation_id: i32,
+    pub leader: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub members: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DescribedMember<'a>>>>>,
+}
+impl<'a> Default for DescribedGroupArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    DescribedGroupArgs {
+      group_id: None,
+      error: ErrorCode::None,
+      error_message: None,
+      state: None,
+      protocol_type: None,
+      protocol: None,
+      generation_id: -1,
+      leader: None,
+      members: None,
+    }
+  }
+}
+
+pub struct DescribedGroupBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DescribedGroupBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group_id(&mut self, group_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribedGroup::VT_GROUP_ID, group_id);
+  }
+  #[inline]
+  pub fn add_error(&mut self, error: ErrorCode) {
+    self.fbb_.push_slot::<ErrorCode>(DescribedGroup::VT_ERROR, error, ErrorCode::None);
+  }
+  #[inline]
+  pub fn add_error_message(&mut self, error_message: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribedGroup::VT_ERROR_MESSAGE, error_message);
+  }
+  #[inline]
+  pub fn add_state(&mut self, state: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribedGroup::VT_STATE, state);
+  }
+  #[inline]
+  pub fn add_protocol_type(&mut self, protocol_type: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribedGroup::VT_PROTOCOL_TYPE, protocol_type);
+  }
+  #[inline]
+  pub fn add_protocol(&mut self, protocol: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribedGroup::VT_PROTOCOL, protocol);
+  }
+  #[inline]
+  pub fn add_generation_id(&mut self, generation_id: i32) {
+    self.fbb_.push_slot::<i32>(DescribedGroup::VT_GENERATION_ID, generation_id, -1);
+  }
+  #[inline]
+  pub fn add_leader(&mut self, leader: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribedGroup::VT_LEADER, leader);
+  }
+  #[inline]
+  pub fn add_members(&mut self, members: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<DescribedMember<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribedGroup::VT_MEMBERS, members);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DescribedGroupBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DescribedGroupBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DescribedGroup<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DescribedGroup<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DescribedGroup");
+      ds.field("group_id", &self.group_id());
+      ds.field("error", &self.error());
+      ds.field("error_message", &self.error_message());
+      ds.field("state", &self.state());
+      ds.field("protocol_type", &self.protocol_type());
+      ds.field("protocol", &self.protocol());
+      ds.field("generation_id", &self.generation_id());
+      ds.field("leader", &self.leader());
+      ds.field("members", &self.members());
+      ds.finish()
+  }
+}
+pub enum DescribeGroupsResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct DescribeGroupsResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DescribeGroupsResponse<'a> {
+  type Inner = DescribeGroupsResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DescribeGroupsResponse<'a> {
+  pub const VT_GROUPS: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DescribeGroupsResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DescribeGroupsResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<DescribeGroupsResponse<'bldr>> {
+    let mut builder = DescribeGroupsResponseBuilder::new(_fbb);
+    if let Some(x) = args.groups { builder.add_groups(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn groups(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DescribedGroup<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DescribedGroup>>>>(DescribeGroupsResponse::VT_GROUPS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DescribeGroupsResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<DescribedGroup>>>>("groups", Self::VT_GROUPS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DescribeGroupsResponseArgs<'a> {
+    pub groups: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<DescribedGroup<'a>>>>>,
+}
+impl<'a> Default for DescribeGroupsResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    DescribeGroupsResponseArgs {
+      groups: None,
+    }
+  }
+}
+
+pub struct DescribeGroupsResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DescribeGroupsResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_groups(&mut self, groups: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<DescribedGroup<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DescribeGroupsResponse::VT_GROUPS, groups);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DescribeGroupsResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DescribeGroupsResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DescribeGroupsResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DescribeGroupsResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DescribeGroupsResponse");
+      ds.field("groups", &self.groups());
+      ds.finish()
+  }
+}
+pub enum DeleteGroupsRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct DeleteGroupsRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DeleteGroupsRequest<'a> {
+  type Inner = DeleteGroupsRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DeleteGroupsRequest<'a> {
+  pub const VT_GROUPS: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DeleteGroupsRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DeleteGroupsRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<DeleteGroupsRequest<'bldr>> {
+    let mut builder = DeleteGroupsRequestBuilder::new(_fbb);
+    if let Some(x) = args.groups { builder.add_groups(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn groups(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(DeleteGroupsRequest::VT_GROUPS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DeleteGroupsRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("groups", Self::VT_GROUPS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DeleteGroupsRequestArgs<'a> {
+    pub groups: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+}
+impl<'a> Default for DeleteGroupsRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    DeleteGroupsRequestArgs {
+      groups: None,
+    }
+  }
+}
+
+pub struct DeleteGroupsRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DeleteGroupsRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_groups(&mut self, groups: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DeleteGroupsRequest::VT_GROUPS, groups);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DeleteGroupsRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DeleteGroupsRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DeleteGroupsRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DeleteGroupsRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DeleteGroupsRequest");
+      ds.field("groups", &self.groups());
+      ds.finish()
+  }
+}
+pub enum GroupResultOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct GroupResult<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for GroupResult<'a> {
+  type Inner = GroupResult<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> GroupResult<'a> {
+  pub const VT_GROUP_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MESSAGE: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    GroupResult { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args GroupResultArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<GroupResult<'bldr>> {
+    let mut builder = GroupResultBuilder::new(_fbb);
+    if let Some(x) = args.message { builder.add_message(x); }
+    if let Some(x) = args.group_id { builder.add_group_id(x); }
+    builder.add_error(args.error);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn group_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(GroupResult::VT_GROUP_ID, None)}
+  }
+  #[inline]
+  pub fn error(&self) -> ErrorCode {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ErrorCode>(GroupResult::VT_ERROR, Some(ErrorCode::None)).unwrap()}
+  }
+  #[inline]
+  pub fn message(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(GroupResult::VT_MESSAGE, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for GroupResult<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("group_id", Self::VT_GROUP_ID, false)?
+     .visit_field::<ErrorCode>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("message", Self::VT_MESSAGE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct GroupResultArgs<'a> {
+    pub group_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub error: ErrorCode,
+    pub message: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for GroupResultArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    GroupResultArgs {
+      group_id: None,
+      error: ErrorCode::None,
+      message: None,
+    }
+  }
+}
+
+pub struct GroupResultBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GroupResultBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_group_id(&mut self, group_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GroupResult::VT_GROUP_ID, group_id);
+  }
+  #[inline]
+  pub fn add_error(&mut self, error: ErrorCode) {
+    self.fbb_.push_slot::<ErrorCode>(GroupResult::VT_ERROR, error, ErrorCode::None);
+  }
+  #[inline]
+  pub fn add_message(&mut self, message: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GroupResult::VT_MESSAGE, message);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GroupResultBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    GroupResultBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<GroupResult<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for GroupResult<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("GroupResult");
+      ds.field("group_id", &self.group_id());
+      ds.field("error", &self.error());
+      ds.field("message", &self.message());
+      ds.finish()
+  }
+}
+pub enum DeleteGroupsResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct DeleteGroupsResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for DeleteGroupsResponse<'a> {
+  type Inner = DeleteGroupsResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> DeleteGroupsResponse<'a> {
+  pub const VT_RESULTS: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    DeleteGroupsResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args DeleteGroupsResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<DeleteGroupsResponse<'bldr>> {
+    let mut builder = DeleteGroupsResponseBuilder::new(_fbb);
+    if let Some(x) = args.results { builder.add_results(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn results(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<GroupResult<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<GroupResult>>>>(DeleteGroupsResponse::VT_RESULTS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for DeleteGroupsResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<GroupResult>>>>("results", Self::VT_RESULTS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct DeleteGroupsResponseArgs<'a> {
+    pub results: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<GroupResult<'a>>>>>,
+}
+impl<'a> Default for DeleteGroupsResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    DeleteGroupsResponseArgs {
+      results: None,
+    }
+  }
+}
+
+pub struct DeleteGroupsResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DeleteGroupsResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_results(&mut self, results: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<GroupResult<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(DeleteGroupsResponse::VT_RESULTS, results);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DeleteGroupsResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    DeleteGroupsResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<DeleteGroupsResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for DeleteGroupsResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("DeleteGroupsResponse");
+      ds.field("results", &self.results());
+      ds.finish()
+  }
+}
 pub enum RequestFrameOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -4717,6 +9618,156 @@ impl<'a> RequestFrame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_find_coordinator_request(&self) -> Option<FindCoordinatorRequest<'a>> {
+    if self.body_type() == RequestBody::FindCoordinatorRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { FindCoordinatorRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_join_group_request(&self) -> Option<JoinGroupRequest<'a>> {
+    if self.body_type() == RequestBody::JoinGroupRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { JoinGroupRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_sync_group_request(&self) -> Option<SyncGroupRequest<'a>> {
+    if self.body_type() == RequestBody::SyncGroupRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { SyncGroupRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_heartbeat_request(&self) -> Option<HeartbeatRequest<'a>> {
+    if self.body_type() == RequestBody::HeartbeatRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { HeartbeatRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_leave_group_request(&self) -> Option<LeaveGroupRequest<'a>> {
+    if self.body_type() == RequestBody::LeaveGroupRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { LeaveGroupRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_offset_commit_request(&self) -> Option<OffsetCommitRequest<'a>> {
+    if self.body_type() == RequestBody::OffsetCommitRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { OffsetCommitRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_offset_fetch_request(&self) -> Option<OffsetFetchRequest<'a>> {
+    if self.body_type() == RequestBody::OffsetFetchRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { OffsetFetchRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_list_groups_request(&self) -> Option<ListGroupsRequest<'a>> {
+    if self.body_type() == RequestBody::ListGroupsRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ListGroupsRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_describe_groups_request(&self) -> Option<DescribeGroupsRequest<'a>> {
+    if self.body_type() == RequestBody::DescribeGroupsRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { DescribeGroupsRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_delete_groups_request(&self) -> Option<DeleteGroupsRequest<'a>> {
+    if self.body_type() == RequestBody::DeleteGroupsRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { DeleteGroupsRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for RequestFrame<'_> {
@@ -4739,6 +9790,16 @@ impl ::flatbuffers::Verifiable for RequestFrame<'_> {
           RequestBody::ProduceRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ProduceRequest>>("RequestBody::ProduceRequest", pos),
           RequestBody::FetchRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<FetchRequest>>("RequestBody::FetchRequest", pos),
           RequestBody::ListOffsetsRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ListOffsetsRequest>>("RequestBody::ListOffsetsRequest", pos),
+          RequestBody::FindCoordinatorRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<FindCoordinatorRequest>>("RequestBody::FindCoordinatorRequest", pos),
+          RequestBody::JoinGroupRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<JoinGroupRequest>>("RequestBody::JoinGroupRequest", pos),
+          RequestBody::SyncGroupRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<SyncGroupRequest>>("RequestBody::SyncGroupRequest", pos),
+          RequestBody::HeartbeatRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<HeartbeatRequest>>("RequestBody::HeartbeatRequest", pos),
+          RequestBody::LeaveGroupRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<LeaveGroupRequest>>("RequestBody::LeaveGroupRequest", pos),
+          RequestBody::OffsetCommitRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<OffsetCommitRequest>>("RequestBody::OffsetCommitRequest", pos),
+          RequestBody::OffsetFetchRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<OffsetFetchRequest>>("RequestBody::OffsetFetchRequest", pos),
+          RequestBody::ListGroupsRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ListGroupsRequest>>("RequestBody::ListGroupsRequest", pos),
+          RequestBody::DescribeGroupsRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<DescribeGroupsRequest>>("RequestBody::DescribeGroupsRequest", pos),
+          RequestBody::DeleteGroupsRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<DeleteGroupsRequest>>("RequestBody::DeleteGroupsRequest", pos),
           _ => Ok(()),
         }
      })?
@@ -4872,6 +9933,76 @@ impl ::core::fmt::Debug for RequestFrame<'_> {
         },
         RequestBody::ListOffsetsRequest => {
           if let Some(x) = self.body_as_list_offsets_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        RequestBody::FindCoordinatorRequest => {
+          if let Some(x) = self.body_as_find_coordinator_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        RequestBody::JoinGroupRequest => {
+          if let Some(x) = self.body_as_join_group_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        RequestBody::SyncGroupRequest => {
+          if let Some(x) = self.body_as_sync_group_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        RequestBody::HeartbeatRequest => {
+          if let Some(x) = self.body_as_heartbeat_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        RequestBody::LeaveGroupRequest => {
+          if let Some(x) = self.body_as_leave_group_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        RequestBody::OffsetCommitRequest => {
+          if let Some(x) = self.body_as_offset_commit_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        RequestBody::OffsetFetchRequest => {
+          if let Some(x) = self.body_as_offset_fetch_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        RequestBody::ListGroupsRequest => {
+          if let Some(x) = self.body_as_list_groups_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        RequestBody::DescribeGroupsRequest => {
+          if let Some(x) = self.body_as_describe_groups_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        RequestBody::DeleteGroupsRequest => {
+          if let Some(x) = self.body_as_delete_groups_request() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
@@ -5085,6 +10216,156 @@ impl<'a> ResponseFrame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_find_coordinator_response(&self) -> Option<FindCoordinatorResponse<'a>> {
+    if self.body_type() == ResponseBody::FindCoordinatorResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { FindCoordinatorResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_join_group_response(&self) -> Option<JoinGroupResponse<'a>> {
+    if self.body_type() == ResponseBody::JoinGroupResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { JoinGroupResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_sync_group_response(&self) -> Option<SyncGroupResponse<'a>> {
+    if self.body_type() == ResponseBody::SyncGroupResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { SyncGroupResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_heartbeat_response(&self) -> Option<HeartbeatResponse<'a>> {
+    if self.body_type() == ResponseBody::HeartbeatResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { HeartbeatResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_leave_group_response(&self) -> Option<LeaveGroupResponse<'a>> {
+    if self.body_type() == ResponseBody::LeaveGroupResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { LeaveGroupResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_offset_commit_response(&self) -> Option<OffsetCommitResponse<'a>> {
+    if self.body_type() == ResponseBody::OffsetCommitResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { OffsetCommitResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_offset_fetch_response(&self) -> Option<OffsetFetchResponse<'a>> {
+    if self.body_type() == ResponseBody::OffsetFetchResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { OffsetFetchResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_list_groups_response(&self) -> Option<ListGroupsResponse<'a>> {
+    if self.body_type() == ResponseBody::ListGroupsResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { ListGroupsResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_describe_groups_response(&self) -> Option<DescribeGroupsResponse<'a>> {
+    if self.body_type() == ResponseBody::DescribeGroupsResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { DescribeGroupsResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_delete_groups_response(&self) -> Option<DeleteGroupsResponse<'a>> {
+    if self.body_type() == ResponseBody::DeleteGroupsResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { DeleteGroupsResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for ResponseFrame<'_> {
@@ -5107,6 +10388,16 @@ impl ::flatbuffers::Verifiable for ResponseFrame<'_> {
           ResponseBody::ProduceResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ProduceResponse>>("ResponseBody::ProduceResponse", pos),
           ResponseBody::FetchResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<FetchResponse>>("ResponseBody::FetchResponse", pos),
           ResponseBody::ListOffsetsResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ListOffsetsResponse>>("ResponseBody::ListOffsetsResponse", pos),
+          ResponseBody::FindCoordinatorResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<FindCoordinatorResponse>>("ResponseBody::FindCoordinatorResponse", pos),
+          ResponseBody::JoinGroupResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<JoinGroupResponse>>("ResponseBody::JoinGroupResponse", pos),
+          ResponseBody::SyncGroupResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<SyncGroupResponse>>("ResponseBody::SyncGroupResponse", pos),
+          ResponseBody::HeartbeatResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<HeartbeatResponse>>("ResponseBody::HeartbeatResponse", pos),
+          ResponseBody::LeaveGroupResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<LeaveGroupResponse>>("ResponseBody::LeaveGroupResponse", pos),
+          ResponseBody::OffsetCommitResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<OffsetCommitResponse>>("ResponseBody::OffsetCommitResponse", pos),
+          ResponseBody::OffsetFetchResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<OffsetFetchResponse>>("ResponseBody::OffsetFetchResponse", pos),
+          ResponseBody::ListGroupsResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ListGroupsResponse>>("ResponseBody::ListGroupsResponse", pos),
+          ResponseBody::DescribeGroupsResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<DescribeGroupsResponse>>("ResponseBody::DescribeGroupsResponse", pos),
+          ResponseBody::DeleteGroupsResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<DeleteGroupsResponse>>("ResponseBody::DeleteGroupsResponse", pos),
           _ => Ok(()),
         }
      })?
@@ -5240,6 +10531,76 @@ impl ::core::fmt::Debug for ResponseFrame<'_> {
         },
         ResponseBody::ListOffsetsResponse => {
           if let Some(x) = self.body_as_list_offsets_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        ResponseBody::FindCoordinatorResponse => {
+          if let Some(x) = self.body_as_find_coordinator_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        ResponseBody::JoinGroupResponse => {
+          if let Some(x) = self.body_as_join_group_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        ResponseBody::SyncGroupResponse => {
+          if let Some(x) = self.body_as_sync_group_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        ResponseBody::HeartbeatResponse => {
+          if let Some(x) = self.body_as_heartbeat_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        ResponseBody::LeaveGroupResponse => {
+          if let Some(x) = self.body_as_leave_group_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        ResponseBody::OffsetCommitResponse => {
+          if let Some(x) = self.body_as_offset_commit_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        ResponseBody::OffsetFetchResponse => {
+          if let Some(x) = self.body_as_offset_fetch_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        ResponseBody::ListGroupsResponse => {
+          if let Some(x) = self.body_as_list_groups_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        ResponseBody::DescribeGroupsResponse => {
+          if let Some(x) = self.body_as_describe_groups_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        ResponseBody::DeleteGroupsResponse => {
+          if let Some(x) = self.body_as_delete_groups_response() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
