@@ -10,6 +10,7 @@
 pub mod config;
 pub mod dispatch;
 pub mod fault;
+pub mod group;
 pub mod io;
 pub mod log;
 pub mod metrics;
@@ -180,7 +181,7 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
         .canonicalize()
         .map_err(|source| BrokerError::DataDir { path: config.data_dir.clone(), source })?;
     let config = BrokerConfig { data_dir, ..config };
-    let topics = FileTopicStore::new(&config.data_dir).load()?;
+    let topics = with_offsets_topic(&config, FileTopicStore::new(&config.data_dir))?;
     let bound = net::bind_ports(&config)?;
     let (public, shards) = (bound.public_addr, config.shards);
     let shard_ports: Vec<u16> = bound.shards.iter().map(|(_, port)| *port).collect();
@@ -252,6 +253,34 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
     let ready = ReadyInfo { listen: public, shard_ports, data_dir: config.data_dir.clone(), admin };
     tracing::info!(listen = %public, shard_ports = ?ready.shard_ports, shards, topics = topics.len(), "broker serving");
     Ok(BrokerHandle { ready, stop, threads })
+}
+
+/// Loads the topic table, creating the internal `__consumer_offsets` topic
+/// (compacted; `offsets.topic.num.partitions` partitions) on first start.
+fn with_offsets_topic(config: &BrokerConfig, store: FileTopicStore) -> Result<TopicTable, BrokerError> {
+    use shardlog_schema::types::OFFSETS_TOPIC;
+    let mut topics = store.load()?;
+    if topics.contains_key(OFFSETS_TOPIC) {
+        return Ok(topics);
+    }
+    let partitions = config.group.offsets_topic_partitions;
+    if partitions == 0 || partitions > topics::TOPIC_PARTITIONS_MAX {
+        return Err(BrokerError::Config(format!(
+            "offsets.topic.num.partitions must be 1 to {}, not {partitions}",
+            topics::TOPIC_PARTITIONS_MAX
+        )));
+    }
+    topics.insert(
+        OFFSETS_TOPIC.to_string(),
+        topics::TopicMeta {
+            name: OFFSETS_TOPIC.to_string(),
+            partitions,
+            config: group::offsets_topic_config(config),
+        },
+    );
+    store.store_blocking(&topics)?;
+    tracing::info!(partitions, "created the internal topic {OFFSETS_TOPIC}");
+    Ok(topics)
 }
 
 /// Waits until every shard serves, or for the first that failed.
@@ -339,6 +368,8 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
     for meta in spec.topics.into_values() {
         ctx.apply_topic(meta, false).await.map_err(|e| e.to_string())?;
     }
+    ctx.groups.load_owned(&ctx).await?;
+    let groups = glommio::spawn_local(group_loop(ctx.clone()));
     let accept_public = glommio::spawn_local(net::accept_loop(ctx.clone(), public, "public"));
     let accept_own = glommio::spawn_local(net::accept_loop(ctx.clone(), own, "shard"));
     let retention = glommio::spawn_local(retention_loop(ctx.clone()));
@@ -351,14 +382,23 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
     if let Some(admin) = admin {
         admin.cancel().await;
     }
-    shutdown_shard(&ctx, [accept_public, accept_own, retention]).await
+    shutdown_shard(&ctx, [accept_public, accept_own, retention, groups]).await
 }
 
-async fn shutdown_shard(ctx: &Rc<ShardContext>, tasks: [glommio::Task<()>; 3]) -> Result<(), String> {
+/// Expires group members and ends rebalances at their deadlines.
+async fn group_loop(ctx: Rc<ShardContext>) {
+    loop {
+        glommio::timer::sleep(group::TICK).await;
+        ctx.groups.tick(&ctx).await;
+    }
+}
+
+async fn shutdown_shard(ctx: &Rc<ShardContext>, tasks: [glommio::Task<()>; 4]) -> Result<(), String> {
     ctx.shutting_down.set(true);
     for t in tasks {
         t.cancel().await;
     }
+    ctx.groups.stop();
     for p in ctx.owned_partitions() {
         p.data.notify();
     }

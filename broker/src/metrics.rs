@@ -40,10 +40,14 @@ pub enum ApiClass {
     Metadata,
     /// CreateTopics, DeleteTopics.
     Admin,
+    /// FindCoordinator and the consumer-group APIs (JoinGroup and SyncGroup
+    /// include their wait for the rebalance).
+    Group,
 }
 
 impl ApiClass {
-    pub const ALL: [ApiClass; 4] = [ApiClass::Produce, ApiClass::Fetch, ApiClass::Metadata, ApiClass::Admin];
+    pub const ALL: [ApiClass; 5] =
+        [ApiClass::Produce, ApiClass::Fetch, ApiClass::Metadata, ApiClass::Admin, ApiClass::Group];
 
     fn label(self) -> &'static str {
         match self {
@@ -51,6 +55,7 @@ impl ApiClass {
             ApiClass::Fetch => "fetch",
             ApiClass::Metadata => "metadata",
             ApiClass::Admin => "admin",
+            ApiClass::Group => "group",
         }
     }
 }
@@ -89,7 +94,7 @@ pub struct HistogramSnapshot {
 #[derive(Debug, Default)]
 pub struct ShardMetrics {
     /// Request latency by [`ApiClass`] (index = position in `ApiClass::ALL`).
-    pub request_latency: [LatencyHistogram; 4],
+    pub request_latency: [LatencyHistogram; 5],
     pub produce_requests: Cell<u64>,
     pub produce_bytes: Cell<u64>,
     pub produce_errors: Cell<u64>,
@@ -151,6 +156,16 @@ impl ShardMetrics {
             log_open_files: ctx.log_files().open_files() as u64,
             log_open_files_max: ctx.log_files().files_max() as u64,
             log_file_evictions: ctx.log_files().evictions(),
+            high_watermarks: {
+                let mut hw: Vec<(String, u32, u64)> = ctx
+                    .owned_partitions()
+                    .iter()
+                    .map(|p| (p.topic.to_string(), p.id, p.log.high_watermark().0))
+                    .collect();
+                hw.sort();
+                hw
+            },
+            group_offsets: ctx.groups.committed_offsets(),
         }
     }
 }
@@ -174,6 +189,10 @@ pub struct MetricsSnapshot {
     pub log_open_files: u64,
     pub log_open_files_max: u64,
     pub log_file_evictions: u64,
+    /// (topic, partition, high watermark) of every owned partition.
+    pub high_watermarks: Vec<(String, u32, u64)>,
+    /// Committed offsets of the groups this shard coordinates.
+    pub group_offsets: Vec<crate::group::api::GroupLag>,
 }
 
 /// Renders snapshots (index = shard) in Prometheus text format.
@@ -210,6 +229,7 @@ pub fn render(shards: &[MetricsSnapshot]) -> String {
         s.log_file_evictions
     });
     render_latency(&mut out, shards);
+    render_partitions(&mut out, shards);
     let _ = writeln!(
         out,
         "# HELP shardlog_fetch_bytes_total Record bytes served to fetches, by path.\n# TYPE shardlog_fetch_bytes_total counter"
@@ -224,6 +244,58 @@ pub fn render(shards: &[MetricsSnapshot]) -> String {
         }
     }
     out
+}
+
+/// Label values are quoted Prometheus strings.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// Per partition: the high watermark; per group and partition: the
+/// committed offset and the lag behind the high watermark, joined here from
+/// the coordinators' offsets and the owners' log ends.
+fn render_partitions(out: &mut String, shards: &[MetricsSnapshot]) {
+    let _ = writeln!(
+        out,
+        "# HELP shardlog_partition_high_watermark The offset after the last record consumers can read.\n# TYPE shardlog_partition_high_watermark gauge"
+    );
+    let mut ends = std::collections::HashMap::new();
+    for s in shards {
+        for (topic, partition, hw) in &s.high_watermarks {
+            let _ = writeln!(
+                out,
+                "shardlog_partition_high_watermark{{topic=\"{}\",partition=\"{partition}\"}} {hw}",
+                label(topic)
+            );
+            ends.insert((topic.as_str(), *partition), *hw);
+        }
+    }
+    // Each family's samples together, as the text format wants.
+    let mut lags = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP shardlog_group_committed_offset The group's committed offset.\n# TYPE shardlog_group_committed_offset gauge"
+    );
+    for s in shards {
+        for g in &s.group_offsets {
+            let labels = format!(
+                "group=\"{}\",topic=\"{}\",partition=\"{}\"",
+                label(&g.group_id),
+                label(&g.topic),
+                g.partition
+            );
+            let _ = writeln!(out, "shardlog_group_committed_offset{{{labels}}} {}", g.committed);
+            if let Some(hw) = ends.get(&(g.topic.as_str(), g.partition)) {
+                let lag = (*hw as i64).saturating_sub(g.committed).max(0);
+                let _ = writeln!(lags, "shardlog_group_lag{{{labels}}} {lag}");
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP shardlog_group_lag Records between the group's committed offset and the high watermark.\n# TYPE shardlog_group_lag gauge"
+    );
+    out.push_str(&lags);
 }
 
 /// `shardlog_request_duration_seconds`, a Prometheus histogram per shard and API.

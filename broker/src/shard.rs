@@ -89,6 +89,10 @@ pub enum ShardOp {
     RemoveTopic(String),
     /// A snapshot of the shard's counters.
     Metrics,
+    /// To a group's coordinating shard (`group::route`).
+    Group(Box<crate::group::api::GroupRequest>),
+    /// The groups this shard coordinates.
+    ListGroups,
 }
 
 /// Produce outcome across the mesh.
@@ -108,6 +112,8 @@ pub enum ShardReply {
     TopicResults(Vec<TopicOutcome>),
     Done(Result<(), TopicOpError>),
     Metrics(crate::metrics::MetricsSnapshot),
+    Group(Box<crate::group::api::GroupResponse>),
+    Groups(Vec<crate::group::api::ListedGroup>),
     /// The receiving shard is stopping.
     Unavailable,
 }
@@ -154,6 +160,8 @@ pub struct ShardContext {
     /// Produce payload bytes held by this shard's connections.
     pub buffered_bytes: Rc<Semaphore>,
     pub metrics: crate::metrics::ShardMetrics,
+    /// The consumer groups this shard coordinates (`group/`).
+    pub groups: crate::group::Coordinator,
     /// Shard-wide log settings: the hot-tail budget shared by all its logs.
     log_options: crate::log::LogOptions,
     /// The splice engine, when fetches splice (see `config::FetchPath`).
@@ -214,6 +222,7 @@ impl ShardContext {
             next_socket_id: Cell::new(0),
             shutting_down: Cell::new(false),
             metrics: crate::metrics::ShardMetrics::default(),
+            groups: crate::group::Coordinator::default(),
             splicer,
             log_options,
             store,
@@ -442,6 +451,8 @@ impl ShardContext {
             ShardOp::ApplyTopic(meta) => ShardReply::Done(self.apply_topic(meta, true).await),
             ShardOp::RemoveTopic(name) => ShardReply::Done(self.remove_topic(&name).await),
             ShardOp::Metrics => ShardReply::Metrics(self.metrics.snapshot(self)),
+            ShardOp::Group(req) => ShardReply::Group(Box::new(self.groups.handle(self, *req).await)),
+            ShardOp::ListGroups => ShardReply::Groups(self.groups.list_local()),
         }
     }
 
@@ -567,7 +578,9 @@ impl ShardContext {
         let mut results = Vec::with_capacity(names.len());
         for name in names {
             let _change = self.topic_change().await;
-            let result = if self.topics.borrow().contains_key(&name) {
+            let result = if name == shardlog_schema::types::OFFSETS_TOPIC {
+                Err(TopicOpError::Internal { topic: name.clone() })
+            } else if self.topics.borrow().contains_key(&name) {
                 let mut table = self.topics.borrow().clone();
                 table.remove(&name);
                 match self.persist(&name, &table).await {

@@ -19,6 +19,8 @@ pub enum TopicOpError {
     AlreadyExists { topic: String },
     #[error("topic `{topic}` does not exist")]
     Unknown { topic: String },
+    #[error("topic `{topic}` is internal to the broker and cannot be deleted")]
+    Internal { topic: String },
     #[error("partitions must be 1 to {max}, not {partitions}")]
     InvalidPartitions { topic: String, partitions: u32, max: u32 },
     #[error("broker holds {total} partitions; limit is {max}")]
@@ -77,6 +79,7 @@ impl TopicOpError {
             TopicOpError::InvalidName { .. } => ErrorCode::InvalidTopicName,
             TopicOpError::AlreadyExists { .. } => ErrorCode::TopicAlreadyExists,
             TopicOpError::Unknown { .. } => ErrorCode::UnknownTopicOrPartition,
+            TopicOpError::Internal { .. } => ErrorCode::InvalidTopicName,
             TopicOpError::InvalidPartitions { .. } => ErrorCode::InvalidPartitions,
             TopicOpError::PartitionLimit { .. } => ErrorCode::ResourceLimit,
             TopicOpError::Replication { .. } | TopicOpError::BadConfig { .. } => ErrorCode::InvalidConfig,
@@ -134,6 +137,7 @@ mod tests {
             (TopicOpError::InvalidName { topic: t(), reason: "bad".into() }, ErrorCode::InvalidTopicName),
             (TopicOpError::AlreadyExists { topic: t() }, ErrorCode::TopicAlreadyExists),
             (TopicOpError::Unknown { topic: t() }, ErrorCode::UnknownTopicOrPartition),
+            (TopicOpError::Internal { topic: t() }, ErrorCode::InvalidTopicName),
             (
                 TopicOpError::InvalidPartitions { topic: t(), partitions: 0, max: 9 },
                 ErrorCode::InvalidPartitions,

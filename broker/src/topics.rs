@@ -102,6 +102,12 @@ impl FileTopicStore {
     fn path(&self) -> PathBuf {
         self.dir.join(TOPICS_FILE)
     }
+
+    /// Replaces the file from a plain thread (start-up, before any shard
+    /// runs; shards use the async `TopicStore::store`).
+    pub fn store_blocking(&self, table: &TopicTable) -> Result<(), TopicsError> {
+        replace_file(&self.dir, &encode(table))
+    }
 }
 
 impl TopicStore for FileTopicStore {

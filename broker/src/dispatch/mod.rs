@@ -29,6 +29,16 @@ pub const API_VERSIONS: &[(ApiKey, u16, u16)] = &[
     (ApiKey::Produce, 0, 0),
     (ApiKey::Fetch, 0, 0),
     (ApiKey::ListOffsets, 0, 0),
+    (ApiKey::FindCoordinator, 0, 0),
+    (ApiKey::JoinGroup, 0, 0),
+    (ApiKey::SyncGroup, 0, 0),
+    (ApiKey::Heartbeat, 0, 0),
+    (ApiKey::LeaveGroup, 0, 0),
+    (ApiKey::OffsetCommit, 0, 0),
+    (ApiKey::OffsetFetch, 0, 0),
+    (ApiKey::ListGroups, 0, 0),
+    (ApiKey::DescribeGroups, 0, 0),
+    (ApiKey::DeleteGroups, 0, 0),
 ];
 
 /// Record data that follows a response envelope.
@@ -89,6 +99,7 @@ pub async fn handle(ctx: &Rc<ShardContext>, frame: wire::RequestFrame<'_>, paylo
         ApiKey::Produce => ApiClass::Produce,
         ApiKey::Fetch => ApiClass::Fetch,
         ApiKey::CreateTopics | ApiKey::DeleteTopics => ApiClass::Admin,
+        k if k.0 >= ApiKey::FindCoordinator.0 => ApiClass::Group,
         _ => ApiClass::Metadata,
     };
     let started = std::time::Instant::now();
@@ -139,6 +150,16 @@ async fn handle_api(ctx: &Rc<ShardContext>, frame: wire::RequestFrame<'_>, paylo
         ApiKey::ListOffsets => {
             Outgoing::Frame(offsets::list_offsets(ctx, corr, frame.body_as_list_offsets_request()).await)
         }
+        ApiKey::FindCoordinator
+        | ApiKey::JoinGroup
+        | ApiKey::SyncGroup
+        | ApiKey::Heartbeat
+        | ApiKey::LeaveGroup
+        | ApiKey::OffsetCommit
+        | ApiKey::OffsetFetch
+        | ApiKey::ListGroups
+        | ApiKey::DescribeGroups
+        | ApiKey::DeleteGroups => group::handle(ctx, corr, frame).await,
         _ => request_error(corr, key, ErrorCode::UnsupportedApi, "unsupported api"),
     }
 }
@@ -176,6 +197,7 @@ where
 
 mod admin;
 mod fetch;
+mod group;
 mod metadata;
 mod offsets;
 mod produce;

@@ -16,6 +16,11 @@ struct ProduceOutcome {
 async fn produce_one(ctx: &Rc<ShardContext>, topic: &str, partition: u32, data: &[u8]) -> ProduceOutcome {
     let result = if let Some(e) = ctx.check_partition(topic, partition) {
         Err(e)
+    } else if topic == shardlog_schema::types::OFFSETS_TOPIC {
+        Err(PartitionError::new(
+            ErrorCode::InvalidTopicName,
+            format!("`{topic}` is internal: only the group coordinator writes to it"),
+        ))
     } else {
         let owner = ctx.owner(topic, partition);
         if owner == ctx.id {
