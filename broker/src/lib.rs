@@ -158,6 +158,14 @@ fn check_config(config: &BrokerConfig) -> Result<(), BrokerError> {
     if l.in_flight_per_connection_max == 0 || l.connections_max == 0 {
         return Err(BrokerError::Config("connection and in-flight limits must be at least 1".into()));
     }
+    let g = &config.group;
+    if g.session_timeout_min > g.session_timeout_max || g.members_max == 0 {
+        return Err(BrokerError::Config(format!(
+            "group.min.session.timeout.ms ({} ms) must not exceed group.max.session.timeout.ms ({} ms), and group.max.size must be at least 1",
+            g.session_timeout_min.as_millis(),
+            g.session_timeout_max.as_millis()
+        )));
+    }
     Ok(())
 }
 

@@ -86,6 +86,13 @@ impl Admin {
 
     /// Names of all topics, sorted.
     pub async fn list_topics(&self) -> Result<Vec<String>> {
+        let mut names = self.list_all_topics().await?;
+        names.retain(|n| !is_internal_topic(n));
+        Ok(names)
+    }
+
+    /// Every topic, the broker's internal ones (`__consumer_offsets`) too.
+    pub async fn list_all_topics(&self) -> Result<Vec<String>> {
         let md = self.cluster.fetch_metadata(None).await?;
         let mut names: Vec<String> =
             md.topics.into_iter().filter(|t| t.error == ErrorCode::None).map(|t| t.name).collect();
@@ -130,4 +137,12 @@ impl Admin {
     pub async fn metadata(&self, topics: Option<&[String]>) -> Result<ClusterMetadata> {
         self.cluster.fetch_metadata(topics).await
     }
+}
+
+/// Whether a topic is one the broker keeps for itself (its name starts with
+/// `__`, as `__consumer_offsets`); `list_topics` leaves these out, as
+/// Kafka's admin client does.
+#[must_use]
+pub fn is_internal_topic(name: &str) -> bool {
+    name.starts_with("__")
 }

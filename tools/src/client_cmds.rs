@@ -71,9 +71,12 @@ pub async fn topic(cmd: TopicCommand) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot create topic `{name}`"))?;
             println!("created topic {name} with {partitions} partitions");
         }
-        TopicCommand::List { output, client, file } => {
+        TopicCommand::List { output, include_internal, client, file } => {
             let (config, _) = client_config(&client, Some(&file))?;
-            let names = admin(config).await?.list_topics().await.context("cannot list topics")?;
+            let admin = admin(config).await?;
+            let names =
+                if include_internal { admin.list_all_topics().await } else { admin.list_topics().await }
+                    .context("cannot list topics")?;
             match output {
                 OutputFormat::Json => println!("{}", serde_json::Value::from(names)),
                 OutputFormat::Text => {

@@ -71,9 +71,13 @@ pub enum TopicCommand {
         client: ClientArgs,
     },
     /// List topic names, one per line (`--output json`: a JSON array).
+    /// Internal topics (`__consumer_offsets`) only with `--include-internal`.
     List {
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         output: OutputFormat,
+        /// Also list the broker's internal topics (names starting with `__`).
+        #[arg(long)]
+        include_internal: bool,
         #[command(flatten)]
         client: ClientArgs,
         #[command(flatten)]

@@ -83,6 +83,25 @@ pub struct ServeArgs {
     /// Default topic setting `name=value` (Kafka names), repeatable.
     #[arg(long = "topic-default", value_name = "KEY=VALUE")]
     topic_defaults: Vec<String>,
+    /// Partitions of the internal `__consumer_offsets` topic, used when it
+    /// is first created [offsets.topic.num.partitions; 16].
+    #[arg(long)]
+    offsets_topic_partitions: Option<u32>,
+    /// How long the first rebalance of an empty group waits for more
+    /// members [group.initial.rebalance.delay.ms; 3000].
+    #[arg(long)]
+    group_initial_rebalance_delay_ms: Option<u64>,
+    /// Shortest session timeout a group member may ask for
+    /// [group.min.session.timeout.ms; 1000].
+    #[arg(long)]
+    group_min_session_timeout_ms: Option<u64>,
+    /// Longest session timeout a group member may ask for
+    /// [group.max.session.timeout.ms; 1800000].
+    #[arg(long)]
+    group_max_session_timeout_ms: Option<u64>,
+    /// Most members of one group [group.max.size; 10000].
+    #[arg(long)]
+    group_max_size: Option<usize>,
 }
 
 /// Splits `name=value`.
@@ -136,6 +155,22 @@ pub fn build_config(args: ServeArgs) -> anyhow::Result<BrokerConfig> {
     limit!(partitions_max);
     limit!(shard_buffered_bytes_max);
     limit!(fetch_wait_ms_max);
+    let g = &mut config.group;
+    if let Some(n) = args.offsets_topic_partitions.or(file.offsets_topic_partitions) {
+        g.offsets_topic_partitions = n;
+    }
+    if let Some(ms) = args.group_initial_rebalance_delay_ms.or(file.group_initial_rebalance_delay_ms) {
+        g.initial_rebalance_delay = Duration::from_millis(ms);
+    }
+    if let Some(ms) = args.group_min_session_timeout_ms.or(file.group_min_session_timeout_ms) {
+        g.session_timeout_min = Duration::from_millis(ms);
+    }
+    if let Some(ms) = args.group_max_session_timeout_ms.or(file.group_max_session_timeout_ms) {
+        g.session_timeout_max = Duration::from_millis(ms);
+    }
+    if let Some(n) = args.group_max_size.or(file.group_max_size) {
+        g.members_max = n;
+    }
     if let Some(ms) = args.retention_check_interval_ms.or(file.retention_check_interval_ms) {
         config.retention_check_interval = Duration::from_millis(ms);
     }

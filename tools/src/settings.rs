@@ -64,6 +64,11 @@ pub struct ServeSettings {
     pub hot_tail_shard_bytes: Option<u64>,
     pub hot_tail_partition_bytes: Option<u64>,
     pub open_files_shard_max: Option<usize>,
+    pub offsets_topic_partitions: Option<u32>,
+    pub group_initial_rebalance_delay_ms: Option<u64>,
+    pub group_min_session_timeout_ms: Option<u64>,
+    pub group_max_session_timeout_ms: Option<u64>,
+    pub group_max_size: Option<usize>,
     #[serde(default)]
     pub topic_defaults: BTreeMap<String, String>,
 }

@@ -195,6 +195,10 @@ fn topic_create_list_describe_delete() {
     broker.ok(&["topic", "create", "alpha", "--partitions", "4", "--config", "retention.ms=60000"], "");
     broker.ok(&["topic", "create", "beta"], "");
     assert_eq!(lines(&broker.ok(&["topic", "list"], "")), vec!["alpha", "beta"]);
+    assert_eq!(
+        lines(&broker.ok(&["topic", "list", "--include-internal"], "")),
+        vec!["__consumer_offsets", "alpha", "beta"]
+    );
 
     broker.ok(&["produce", "alpha", "--partition", "2"], "a\nb\nc\n");
     let out = broker.ok(&["topic", "describe", "alpha"], "");
