@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a broker until SIGINT/SIGTERM.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Create, list, describe and delete topics.
     #[command(subcommand)]
     Topic(TopicCommand),
@@ -228,7 +228,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         // The broker runs its own threads; no tokio runtime around it.
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Log(LogCommand::Dump { file, records }) => log_dump::run(&file, records),
         Command::Topic(cmd) => client_cmds::block_on(client_cmds::topic(cmd)),
         Command::Produce(args) => client_cmds::block_on(client_cmds::produce(args)),
