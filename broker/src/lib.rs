@@ -2,7 +2,8 @@
 //!
 //! Modules follow the data path (see ARCHITECTURE.md):
 //! `net` → `dispatch` → `shard` → `partition` → `log`,
-//! plus `config` and `topics` (topic metadata store).
+//! plus `group` (consumer-group coordinator), `config` and `topics` (topic
+//! metadata store).
 //!
 //! [`start`] brings a broker up and returns a handle; [`run`] is what
 //! `shardlog serve` calls: start, wait for SIGINT/SIGTERM, stop gracefully.
