@@ -187,6 +187,22 @@ pub struct Limits {
     pub shard_buffered_bytes_max: usize,
     /// Longest `max_wait_ms` a fetch may ask for.
     pub fetch_wait_ms_max: u32,
+    /// Most record bytes one fetch response carries, whatever `max_bytes`
+    /// and `partition_max_bytes` ask for (Kafka's `fetch.max.bytes`).
+    pub fetch_bytes_max: u32,
+    /// Record bytes of fetch answers one connection may have prepared but
+    /// not yet sent; further fetches wait (a client that does not read its
+    /// answers holds at most this, then `response_write_timeout` drops it).
+    pub connection_fetch_bytes_max: u64,
+    /// A frame whose first byte has arrived must arrive whole within this
+    /// (slow or stalled senders are disconnected).
+    pub request_read_timeout: Duration,
+    /// A connection with no request for this long is closed
+    /// (Kafka's `connections.max.idle.ms`).
+    pub connection_idle_max: Duration,
+    /// A response write that makes no progress for this long closes the
+    /// connection (a client that does not read its responses).
+    pub response_write_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -199,6 +215,11 @@ impl Default for Limits {
             partitions_max: 100_000,
             shard_buffered_bytes_max: 512 << 20,
             fetch_wait_ms_max: 60_000,
+            fetch_bytes_max: 64 << 20,
+            connection_fetch_bytes_max: 128 << 20,
+            request_read_timeout: Duration::from_secs(30),
+            connection_idle_max: Duration::from_secs(600),
+            response_write_timeout: Duration::from_secs(30),
         }
     }
 }

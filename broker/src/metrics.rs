@@ -104,6 +104,8 @@ pub struct ShardMetrics {
     pub fetch_bytes_plain: Cell<u64>,
     pub forwarded_requests: Cell<u64>,
     pub rejected_frames: Cell<u64>,
+    /// Connections closed by a deadline (idle, slow request, unread responses).
+    pub connections_timed_out: Cell<u64>,
 }
 
 fn add(c: &Cell<u64>, n: u64) {
@@ -151,6 +153,7 @@ impl ShardMetrics {
             fetch_bytes_plain: self.fetch_bytes_plain.get(),
             forwarded_requests: self.forwarded_requests.get(),
             rejected_frames: self.rejected_frames.get(),
+            connections_timed_out: self.connections_timed_out.get(),
             connections: ctx.connections.get() as u64,
             partitions: ctx.owned_partitions().len() as u64,
             log_open_files: ctx.log_files().open_files() as u64,
@@ -184,6 +187,7 @@ pub struct MetricsSnapshot {
     pub fetch_bytes_plain: u64,
     pub forwarded_requests: u64,
     pub rejected_frames: u64,
+    pub connections_timed_out: u64,
     pub connections: u64,
     pub partitions: u64,
     pub log_open_files: u64,
@@ -217,6 +221,12 @@ pub fn render(shards: &[MetricsSnapshot]) -> String {
     family("rejected_frames_total", "counter", "Frames rejected (size, verification).", &|s| {
         s.rejected_frames
     });
+    family(
+        "connections_timed_out_total",
+        "counter",
+        "Connections closed by a deadline (idle, slow request, unread responses).",
+        &|s| s.connections_timed_out,
+    );
     family("connections", "gauge", "Open client connections.", &|s| s.connections);
     family("partitions", "gauge", "Partitions owned.", &|s| s.partitions);
     family("log_open_files", "gauge", "Partition log files open (counted in the file budget).", &|s| {

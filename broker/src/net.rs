@@ -411,6 +411,8 @@ fn clone_stream(stream: &TcpStream) -> std::io::Result<TcpStream> {
 enum Stop {
     /// Peer closed or the connection broke: nothing to answer.
     Closed,
+    /// A deadline passed (idle, or a frame arriving too slowly): close.
+    TimedOut(&'static str),
     /// The peer broke the protocol: answer with this error, then close.
     Reject { code: ErrorCode, message: String },
 }
@@ -428,16 +430,24 @@ async fn serve_connection(ctx: &Rc<ShardContext>, stream: TcpStream) {
         }
     };
     let in_flight_max = ctx.config.limits.in_flight_per_connection_max;
-    let (tx, rx) = local_channel::new_bounded::<Outgoing>(in_flight_max);
+    let (tx, rx) = local_channel::new_bounded::<Reply>(in_flight_max);
     // Handlers each hold a clone; the writer ends when the last one is gone.
     let tx = Rc::new(tx);
     let writer = glommio::spawn_local(write_loop(ctx.clone(), writer_stream, rx));
     let mut reader = stream.buffered();
     let stop = read_loop(ctx, &mut reader, &tx).await;
-    if let Stop::Reject { code, message } = stop {
-        ShardMetrics::inc(&ctx.metrics.rejected_frames);
-        tracing::warn!(%peer, error = ?code, %message, "closing connection after a bad frame");
-        let _closed = tx.send(dispatch::request_error(0, ApiKey::ApiVersions, code, &message)).await;
+    match stop {
+        Stop::Reject { code, message } => {
+            ShardMetrics::inc(&ctx.metrics.rejected_frames);
+            tracing::warn!(%peer, error = ?code, %message, "closing connection after a bad frame");
+            let _closed =
+                tx.send((dispatch::request_error(0, ApiKey::ApiVersions, code, &message), None)).await;
+        }
+        Stop::TimedOut(why) => {
+            ShardMetrics::inc(&ctx.metrics.connections_timed_out);
+            tracing::debug!(%peer, why, "closing connection");
+        }
+        Stop::Closed => {}
     }
     // The writer finishes once every handler has dropped its sender.
     drop(tx);
@@ -447,25 +457,45 @@ async fn serve_connection(ctx: &Rc<ShardContext>, stream: TcpStream) {
 async fn read_loop(
     ctx: &Rc<ShardContext>,
     reader: &mut TcpStream<glommio::net::Preallocated>,
-    tx: &Rc<local_channel::LocalSender<Outgoing>>,
+    tx: &Rc<local_channel::LocalSender<Reply>>,
 ) -> Stop {
     let limits = FrameLimits {
         header_bytes_max: ctx.config.limits.header_bytes_max,
         payload_bytes_max: ctx.config.limits.request_payload_bytes_max,
     };
     let in_flight = Rc::new(Semaphore::new(ctx.config.limits.in_flight_per_connection_max as u64));
+    let answer_budget = ctx.config.limits.connection_fetch_bytes_max.max(1);
+    let answer_bytes = Rc::new(Semaphore::new(answer_budget));
+    let (idle_max, read_max) =
+        (ctx.config.limits.connection_idle_max, ctx.config.limits.request_read_timeout);
     loop {
         let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
-        if reader.read_exact(&mut prefix).await.is_err() {
-            return Stop::Closed;
+        // Waiting for a request is bounded by the idle limit (counted from
+        // the last request's arrival, in-flight ones included: a long-poll
+        // is at most `fetch_wait_ms_max`); once it starts, the envelope must
+        // arrive within the read timeout.
+        if let Err(stop) = within(idle_max, "idle", reader.read_exact(&mut prefix[..1])).await {
+            return stop;
         }
-        let len = frame::decode_prefix(prefix);
-        if let Err(e) = limits.check_header_len(len) {
-            return Stop::Reject { code: ErrorCode::RequestTooLarge, message: e.to_string() };
-        }
-        let mut header = vec![0u8; len as usize];
-        if reader.read_exact(&mut header).await.is_err() {
-            return Stop::Closed;
+        let mut header = Vec::new();
+        let envelope = async {
+            reader.read_exact(&mut prefix[1..]).await?;
+            let len = frame::decode_prefix(prefix);
+            if let Err(e) = limits.check_header_len(len) {
+                return Ok(Err(Stop::Reject { code: ErrorCode::RequestTooLarge, message: e.to_string() }));
+            }
+            // Grown as bytes arrive: a peer that announces a large envelope
+            // and sends nothing holds no memory for it.
+            while header.len() < len as usize {
+                let at = header.len();
+                header.resize(at + (len as usize - at).min(ENVELOPE_READ_CHUNK), 0);
+                reader.read_exact(&mut header[at..]).await?;
+            }
+            Ok(Ok(()))
+        };
+        match within(read_max, "request read timeout", envelope).await {
+            Ok(Ok(())) => {}
+            Ok(Err(stop)) | Err(stop) => return stop,
         }
         let payload_len = match limits.verify_request(&header) {
             Ok(f) => f.payload_bytes(),
@@ -485,9 +515,20 @@ async fn read_loop(
             Err(_) => return Stop::Closed,
         };
         let mut payload = vec![0u8; payload_len as usize];
-        if reader.read_exact(&mut payload).await.is_err() {
-            return Stop::Closed;
+        if let Err(stop) = within(read_max, "request read timeout", reader.read_exact(&mut payload)).await {
+            return stop;
         }
+        // A fetch holds its answer's bytes (at most what it may return)
+        // against the connection's budget until the writer has sent it, so
+        // a client that does not read its answers cannot make the broker
+        // hold more than that for it.
+        let answer_permit = match fetch_answer_bytes(&limits, &header, ctx.config.limits.fetch_bytes_max) {
+            0 => None,
+            n => match answer_bytes.acquire_static_permit(n.min(answer_budget)).await {
+                Ok(p) => Some(p),
+                Err(_) => return Stop::Closed,
+            },
+        };
         let (ctx, tx) = (ctx.clone(), tx.clone());
         ctx.in_flight.set(ctx.in_flight.get() + 1);
         glommio::spawn_local(async move {
@@ -503,7 +544,7 @@ async fn read_loop(
             drop(bytes_permit);
             if !matches!(out, Outgoing::Nothing) {
                 // A closed writer means the peer is gone; the work is done anyway.
-                let _gone = tx.send(out).await;
+                let _gone = tx.send((out, answer_permit)).await;
             }
             drop(slot);
             ctx.in_flight.set(ctx.in_flight.get() - 1);
@@ -512,11 +553,48 @@ async fn read_loop(
     }
 }
 
+/// A response on its way to the writer, with the fetch-bytes permit it
+/// holds until written (`Limits::connection_fetch_bytes_max`).
+type Reply = (Outgoing, Option<glommio::sync::StaticPermit>);
+
+/// The most record bytes a fetch envelope may be answered with (0 for
+/// other requests).
+fn fetch_answer_bytes(limits: &FrameLimits, header: &[u8], cap: u32) -> u64 {
+    match limits.verify_request(header) {
+        Ok(f) if f.api_key() == ApiKey::Fetch => {
+            f.body_as_fetch_request().map_or(0, |r| u64::from(r.max_bytes().min(cap)))
+        }
+        _ => 0,
+    }
+}
+
+/// Envelope bytes are read (and their buffer grown) this much at a time.
+const ENVELOPE_READ_CHUNK: usize = 64 << 10;
+
+/// Runs a socket operation under a deadline: `Closed` if it fails,
+/// `TimedOut(why)` if the deadline passes first.
+async fn within<T>(
+    limit: Duration,
+    why: &'static str,
+    op: impl std::future::Future<Output = std::io::Result<T>>,
+) -> Result<T, Stop> {
+    let op = async { Some(op.await) };
+    let deadline = async {
+        glommio::timer::sleep(limit).await;
+        None
+    };
+    match futures_lite::future::or(op, deadline).await {
+        Some(Ok(v)) => Ok(v),
+        Some(Err(_)) => Err(Stop::Closed),
+        None => Err(Stop::TimedOut(why)),
+    }
+}
+
 /// Responses ready at once are coalesced into one send up to this size.
 const WRITE_COALESCE_BYTES_MAX: usize = 256 << 10;
 
 /// Writes responses as they complete, coalescing what is ready into one send.
-async fn write_loop(ctx: Rc<ShardContext>, stream: TcpStream, rx: local_channel::LocalReceiver<Outgoing>) {
+async fn write_loop(ctx: Rc<ShardContext>, stream: TcpStream, rx: local_channel::LocalReceiver<Reply>) {
     let splice = ctx.splicer.clone().and_then(|s| match clone_fd(&stream) {
         Ok(fd) => Some((s, Rc::new(fd))),
         Err(e) => {
@@ -524,13 +602,20 @@ async fn write_loop(ctx: Rc<ShardContext>, stream: TcpStream, rx: local_channel:
             None
         }
     });
-    let mut w = Writer { ctx, stream, buf: Vec::with_capacity(64 << 10), splice };
+    let write_max = ctx.config.limits.response_write_timeout;
+    // The buffer grows with what is written and is released when large, so
+    // idle connections hold no send buffer.
+    let mut w = Writer { ctx, stream, buf: Vec::new(), splice, write_max };
     while let Some(first) = rx.recv().await {
         let mut out = first;
+        // Permits of the answers in the buffer, released once it is sent.
+        let mut sent_with = Vec::new();
         loop {
-            if let Err(e) = w.push(out).await {
+            let (out_now, permit) = out;
+            sent_with.extend(permit);
+            if let Err(e) = w.push(out_now).await {
                 tracing::debug!(error = %e, "response write failed; closing connection");
-                return;
+                return w.abort().await;
             }
             if w.buf.len() >= WRITE_COALESCE_BYTES_MAX {
                 break;
@@ -541,7 +626,11 @@ async fn write_loop(ctx: Rc<ShardContext>, stream: TcpStream, rx: local_channel:
             }
         }
         if w.flush().await.is_err() {
-            return;
+            return w.abort().await;
+        }
+        drop(sent_with);
+        if w.buf.capacity() > WRITE_COALESCE_BYTES_MAX {
+            w.buf = Vec::new();
         }
     }
     let _closed = w.stream.flush().await;
@@ -570,14 +659,34 @@ struct Writer {
     buf: Vec<u8>,
     /// The shard's splice engine and this socket's fd for it, when splicing.
     splice: Option<(Rc<Splicer>, Rc<OwnedFd>)>,
+    /// A write that makes no progress for this long fails (the peer does
+    /// not read): `Limits::response_write_timeout`.
+    write_max: Duration,
 }
 
 impl Writer {
+    /// After a failed write: shuts the socket down both ways, so that the
+    /// reader (which holds its own handle on the socket) stops too and the
+    /// peer sees the connection end instead of a half-dead one.
+    async fn abort(self) {
+        let _closed = self.stream.shutdown(std::net::Shutdown::Both).await;
+    }
+
     async fn flush(&mut self) -> std::io::Result<()> {
-        if !self.buf.is_empty() {
-            self.stream.write_all(&self.buf).await?;
-            self.buf.clear();
+        let mut at = 0;
+        while at < self.buf.len() {
+            let write = self.stream.write(&self.buf[at..]);
+            match within(self.write_max, "response write timeout", write).await {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => at += n,
+                Err(Stop::TimedOut(why)) => {
+                    ShardMetrics::inc(&self.ctx.metrics.connections_timed_out);
+                    return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, why));
+                }
+                Err(_) => return Err(std::io::ErrorKind::BrokenPipe.into()),
+            }
         }
+        self.buf.clear();
         Ok(())
     }
 

@@ -83,6 +83,24 @@ pub struct ServeArgs {
     /// Default topic setting `name=value` (Kafka names), repeatable.
     #[arg(long = "topic-default", value_name = "KEY=VALUE")]
     topic_defaults: Vec<String>,
+    /// Most record bytes in one fetch answer [fetch.max.bytes; 67108864].
+    #[arg(long)]
+    fetch_bytes_max: Option<u32>,
+    /// Fetch answer bytes one connection may have waiting to be sent
+    /// [134217728]; further fetches of that connection wait.
+    #[arg(long)]
+    connection_fetch_bytes_max: Option<u64>,
+    /// A request must arrive whole within this once its first byte has [30000].
+    #[arg(long)]
+    request_read_timeout_ms: Option<u64>,
+    /// Connections without a request for this long are closed
+    /// [connections.max.idle.ms; 600000].
+    #[arg(long)]
+    connection_idle_max_ms: Option<u64>,
+    /// A response write that makes no progress for this long drops the
+    /// connection (a client that does not read) [30000].
+    #[arg(long)]
+    response_write_timeout_ms: Option<u64>,
     /// Partitions of the internal `__consumer_offsets` topic, used when it
     /// is first created [offsets.topic.num.partitions; 16].
     #[arg(long)]
@@ -155,6 +173,17 @@ pub fn build_config(args: ServeArgs) -> anyhow::Result<BrokerConfig> {
     limit!(partitions_max);
     limit!(shard_buffered_bytes_max);
     limit!(fetch_wait_ms_max);
+    limit!(fetch_bytes_max);
+    limit!(connection_fetch_bytes_max);
+    for (flag, file_value, field) in [
+        (args.request_read_timeout_ms, file.request_read_timeout_ms, &mut l.request_read_timeout),
+        (args.connection_idle_max_ms, file.connection_idle_max_ms, &mut l.connection_idle_max),
+        (args.response_write_timeout_ms, file.response_write_timeout_ms, &mut l.response_write_timeout),
+    ] {
+        if let Some(ms) = flag.or(file_value) {
+            *field = Duration::from_millis(ms.max(1));
+        }
+    }
     let g = &mut config.group;
     if let Some(n) = args.offsets_topic_partitions.or(file.offsets_topic_partitions) {
         g.offsets_topic_partitions = n;

@@ -97,7 +97,9 @@ pub(super) async fn fetch(ctx: &Rc<ShardContext>, corr: u32, req: wire::FetchReq
     crate::metrics::ShardMetrics::inc(&ctx.metrics.fetch_requests);
     let wait = Duration::from_millis(u64::from(req.max_wait_ms().min(ctx.config.limits.fetch_wait_ms_max)));
     let deadline = Instant::now() + wait;
-    let (min_bytes, max_bytes) = (req.min_bytes() as usize, req.max_bytes());
+    // One response carries at most `fetch_bytes_max`, whatever was asked.
+    let cap = ctx.config.limits.fetch_bytes_max;
+    let (min_bytes, max_bytes) = (req.min_bytes() as usize, req.max_bytes().min(cap));
     let mut parts: Vec<FetchPart> = req
         .partitions()
         .map(|ps| {
@@ -106,7 +108,7 @@ pub(super) async fn fetch(ctx: &Rc<ShardContext>, corr: u32, req: wire::FetchReq
                     topic: p.topic().unwrap_or("").to_string(),
                     partition: p.partition(),
                     offset: p.fetch_offset().max(0) as u64,
-                    max_bytes: p.partition_max_bytes(),
+                    max_bytes: p.partition_max_bytes().min(cap),
                     rejected: p.fetch_offset() < 0,
                     error: (p.fetch_offset() < 0).then(|| {
                         PartitionError::new(ErrorCode::OffsetOutOfRange, "fetch offset must not be negative")
@@ -141,6 +143,12 @@ pub(super) async fn fetch(ctx: &Rc<ShardContext>, corr: u32, req: wire::FetchReq
                 continue;
             }
             read_part(ctx, part, budget).await;
+            // A batch is never split, so a read returns at least one whole
+            // batch; as in Kafka only the first partition with data may go
+            // past `max_bytes` that way, the others wait for the next fetch.
+            if total > 0 && part.bytes > budget as usize {
+                part.reset();
+            }
             total += part.bytes;
             any_error |= part.error.is_some();
         }
