@@ -1,8 +1,10 @@
-//! Topic administration: create, delete, list, describe, metadata.
+//! Topic and group administration: create, delete, list, describe,
+//! metadata; groups: list, describe, offsets, reset, delete.
 
 use crate::cluster::Cluster;
 use crate::config::ClientConfig;
 use crate::error::{ClientError, Result};
+use crate::group::wire::{CommittedOffset, GroupClient, GroupDescription, GroupListing};
 use crate::protocol::{self, ClusterMetadata, NewTopic, OffsetQuery, TopicResult};
 use shardlog_schema::ErrorCode;
 use std::sync::Arc;
@@ -136,6 +138,43 @@ impl Admin {
     /// Raw cluster metadata for `topics` (all when `None`).
     pub async fn metadata(&self, topics: Option<&[String]>) -> Result<ClusterMetadata> {
         self.cluster.fetch_metadata(topics).await
+    }
+}
+
+impl Admin {
+    fn group(&self, group: &str) -> GroupClient {
+        GroupClient::new(self.cluster.clone(), group.to_string())
+    }
+
+    /// Every consumer group, sorted by id.
+    pub async fn list_groups(&self) -> Result<Vec<GroupListing>> {
+        crate::group::wire::list_groups(&self.cluster).await
+    }
+
+    /// A group's state, protocol, members and their (opaque) assignments;
+    /// `GroupIdNotFound` for a group that does not exist.
+    pub async fn describe_group(&self, group: &str) -> Result<GroupDescription> {
+        self.group(group).describe().await
+    }
+
+    /// The group's committed offsets (with each partition's log end).
+    pub async fn group_offsets(&self, group: &str) -> Result<Vec<CommittedOffset>> {
+        self.group(group).fetch_offsets(None).await
+    }
+
+    /// Sets committed offsets of a group from outside it: the coordinator
+    /// accepts it only while the group has no members.
+    pub async fn alter_group_offsets(&self, group: &str, offsets: &[(String, u32, u64)]) -> Result<()> {
+        let refused = self.group(group).commit(-1, "", None, offsets).await?;
+        match refused.first() {
+            None => Ok(()),
+            Some((t, p, code)) => Err(ClientError::broker(*code, Some(&format!("offset of {t}/{p}")))),
+        }
+    }
+
+    /// Deletes an empty group and its offsets (`NonEmptyGroup` otherwise).
+    pub async fn delete_group(&self, group: &str) -> Result<()> {
+        self.group(group).delete().await
     }
 }
 

@@ -163,6 +163,10 @@ pub struct ConsumerConfig {
     /// Bytes one fetch response may carry for one partition.
     pub partition_max_bytes: u32,
     pub offset_reset: OffsetReset,
+    /// Set to consume as a member of a consumer group (`Consumer::subscribe`);
+    /// where a partition has no committed offset the member starts as
+    /// `offset_reset` says.
+    pub group: Option<crate::group::GroupSettings>,
 }
 
 impl Default for ConsumerConfig {
@@ -174,6 +178,7 @@ impl Default for ConsumerConfig {
             fetch_max_bytes: 50 << 20,
             partition_max_bytes: 1 << 20,
             offset_reset: OffsetReset::Earliest,
+            group: None,
         }
     }
 }

@@ -126,6 +126,8 @@ pub struct Consumer {
     /// Resets not yet taken by [`Consumer::take_resets`] (bounded: one
     /// per assigned partition and poll at most, see `take_resets`).
     resets: Vec<PositionReset>,
+    /// The group membership, once subscribed (`group_member.rs`).
+    pub(crate) member: Option<crate::consumer_group::Member>,
 }
 
 /// Resets kept for `take_resets` at most; older ones are dropped.
@@ -154,19 +156,45 @@ impl Consumer {
             results_tx,
             results_rx,
             resets: Vec::new(),
+            member: None,
         })
     }
 
     /// Replaces the assignment with `partitions`, each starting at `start`.
+    /// (A subscribed consumer's assignment belongs to its group.)
     pub async fn assign(&mut self, partitions: &[(String, u32)], start: SeekTo) -> Result<()> {
+        if self.member.is_some() {
+            return Err(ClientError::Config(
+                "the consumer is subscribed: its group assigns its partitions".into(),
+            ));
+        }
+        self.assign_at(partitions, &vec![None; partitions.len()], start).await
+    }
+
+    /// Replaces the assignment: each partition starts at its given offset,
+    /// or at `start` when it has none.
+    pub(crate) async fn assign_at(
+        &mut self,
+        partitions: &[(String, u32)],
+        given: &[Option<u64>],
+        start: SeekTo,
+    ) -> Result<()> {
         let mut topics: Vec<String> = partitions.iter().map(|(t, _)| t.clone()).collect();
         topics.sort();
         topics.dedup();
-        let md = self.cluster.refresh(Some(&topics)).await?;
+        let md = if topics.is_empty() {
+            self.cluster.metadata()
+        } else {
+            self.cluster.refresh(Some(&topics)).await?
+        };
         for (t, p) in partitions {
             md.leader_addr(t, *p)?;
         }
-        let positions = self.resolve(partitions, start).await?;
+        let unknown: Vec<(String, u32)> =
+            partitions.iter().zip(given).filter(|(_, g)| g.is_none()).map(|(p, _)| p.clone()).collect();
+        let mut resolved = self.resolve(&unknown, start).await?.into_iter();
+        let positions: Vec<u64> =
+            given.iter().map(|g| g.or_else(|| resolved.next()).unwrap_or_default()).collect();
         self.stop_all_tasks();
         self.parts.clear();
         for ((t, p), position) in partitions.iter().zip(positions) {
@@ -193,6 +221,9 @@ impl Consumer {
 
     /// Offsets for `partitions` at `to` (ListOffsets unless an explicit offset).
     async fn resolve(&self, partitions: &[(String, u32)], to: SeekTo) -> Result<Vec<u64>> {
+        if partitions.is_empty() {
+            return Ok(Vec::new());
+        }
         let Some(timestamp) = seek_timestamp(to) else {
             let SeekTo::Offset(o) = to else { unreachable!("only Offset has no timestamp") };
             return Ok(vec![o; partitions.len()]);
@@ -257,6 +288,9 @@ impl Consumer {
     /// arrive, or an empty vector once `timeout` passes.
     pub async fn poll(&mut self, timeout: Duration) -> Result<Vec<ConsumerRecord>> {
         let deadline = tokio::time::Instant::now() + timeout;
+        if self.member.is_some() {
+            self.maintain_group().await?;
+        }
         let mut out = Vec::new();
         loop {
             self.send_fetches().await?;
@@ -337,6 +371,49 @@ impl Consumer {
         if let Some(t) = self.tasks.remove(addr) {
             t.stop.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// The assigned partitions.
+    #[must_use]
+    pub fn assignment(&self) -> Vec<(String, u32)> {
+        let mut v: Vec<(String, u32)> = self.parts.keys().map(|(t, p)| (t.to_string(), *p)).collect();
+        v.sort();
+        v
+    }
+
+    /// (topic, partition, position) of every assigned partition.
+    pub(crate) fn positions(&self) -> Vec<(String, u32, u64)> {
+        let mut v: Vec<(String, u32, u64)> =
+            self.parts.iter().map(|((t, p), s)| (t.to_string(), *p, s.position)).collect();
+        v.sort();
+        v
+    }
+
+    /// Records between the position and the high watermark of each assigned
+    /// partition (`None` before its first fetch answer).
+    #[must_use]
+    pub fn lag(&self) -> Vec<(String, u32, Option<u64>)> {
+        let mut v: Vec<(String, u32, Option<u64>)> = self
+            .parts
+            .iter()
+            .map(|((t, p), s)| {
+                (
+                    t.to_string(),
+                    *p,
+                    u64::try_from(s.high_watermark).ok().map(|h| h.saturating_sub(s.position)),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    pub(crate) fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
+    }
+
+    pub(crate) fn config(&self) -> &ConsumerConfig {
+        &self.config
     }
 
     fn stop_all_tasks(&mut self) {

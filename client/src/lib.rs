@@ -20,7 +20,9 @@ mod cluster;
 pub mod config;
 mod conn;
 pub mod consumer;
+mod consumer_group;
 pub mod error;
+pub mod group;
 pub mod producer;
 pub mod protocol;
 
@@ -28,6 +30,7 @@ pub use admin::{Admin, PartitionDescription, TopicDescription};
 pub use config::{Acks, ClientConfig, ConsumerConfig, OffsetReset, ProducerConfig};
 pub use consumer::{Consumer, ConsumerRecord, SeekTo};
 pub use error::{ClientError, Result};
+pub use group::{GroupSettings, RebalanceListener};
 pub use producer::{
     DefaultPartitioner, DeliveryFuture, Partitioner, Producer, ProducerRecord, RecordMetadata, OFFSET_UNKNOWN,
 };

@@ -46,12 +46,12 @@ impl RawResponse {
     }
 }
 
-fn missing_body(api: &str) -> ClientError {
+pub(crate) fn missing_body(api: &str) -> ClientError {
     ClientError::Protocol(format!("{api} response has no body"))
 }
 
 /// Wraps a request body into a frame envelope and returns `[len][envelope]`.
-fn envelope(
+pub(crate) fn envelope(
     mut fbb: FlatBufferBuilder<'_>,
     corr: u32,
     client_id: &str,
@@ -93,7 +93,7 @@ fn config_entries<'a>(
     fbb.create_vector(&entries)
 }
 
-fn string_vector<'a>(
+pub(crate) fn string_vector<'a>(
     fbb: &mut FlatBufferBuilder<'a>,
     items: &[String],
 ) -> WIPOffset<flatbuffers::Vector<'a, flatbuffers::ForwardsUOffset<&'a str>>> {

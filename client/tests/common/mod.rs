@@ -25,6 +25,9 @@ fn config(dir: &std::path::Path, listen: SocketAddr) -> BrokerConfig {
     config.shards = 2;
     config.pin_cores = false;
     config.admin_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    // Group tests form generations quickly and expire members fast.
+    config.group.initial_rebalance_delay = Duration::from_millis(200);
+    config.group.session_timeout_min = Duration::from_millis(300);
     config
 }
 
