@@ -172,6 +172,32 @@ impl Admin {
         }
     }
 
+    /// Per partition of `topic`: the first offset whose record's timestamp
+    /// is at or after `timestamp_ms` (the log end when none is).
+    pub async fn offsets_for_time(&self, topic: &str, timestamp_ms: i64) -> Result<Vec<(u32, u64)>> {
+        let d = self.describe_topic(topic).await?;
+        let queries: Vec<OffsetQuery> = d
+            .partitions
+            .iter()
+            .map(|p| OffsetQuery {
+                topic: topic.to_string(),
+                partition: p.partition,
+                timestamp: timestamp_ms.max(0),
+            })
+            .collect();
+        let answers = self.cluster.list_offsets(&queries).await?;
+        d.partitions
+            .iter()
+            .zip(answers)
+            .map(|(p, a)| {
+                if a.error != ErrorCode::None {
+                    return Err(ClientError::broker(a.error, Some("list offsets")));
+                }
+                Ok((p.partition, u64::try_from(a.offset).unwrap_or(p.end_offset)))
+            })
+            .collect()
+    }
+
     /// Deletes an empty group and its offsets (`NonEmptyGroup` otherwise).
     pub async fn delete_group(&self, group: &str) -> Result<()> {
         self.group(group).delete().await

@@ -30,7 +30,7 @@ pub fn block_on(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> a
 }
 
 /// Client settings: flags and env (already merged by clap) over the file over defaults.
-fn client_config(
+pub(crate) fn client_config(
     args: &ClientArgs,
     file_arg: Option<&ConfigFileArg>,
 ) -> anyhow::Result<(ClientConfig, Settings)> {
@@ -53,7 +53,7 @@ fn client_config(
     Ok((config, settings))
 }
 
-async fn admin(config: ClientConfig) -> anyhow::Result<Admin> {
+pub(crate) async fn admin(config: ClientConfig) -> anyhow::Result<Admin> {
     let bootstrap = config.bootstrap.clone();
     Admin::connect(config).await.with_context(|| format!("cannot connect to {bootstrap}"))
 }
@@ -258,7 +258,12 @@ fn record_json(r: &ConsumerRecord) -> serde_json::Value {
     obj.into()
 }
 
-fn write_record(out: &mut impl Write, r: &ConsumerRecord, format: Format, sep: &str) -> std::io::Result<()> {
+pub(crate) fn write_record(
+    out: &mut impl Write,
+    r: &ConsumerRecord,
+    format: Format,
+    sep: &str,
+) -> std::io::Result<()> {
     match format {
         Format::Value => {
             out.write_all(&r.value)?;
@@ -288,7 +293,11 @@ pub async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
             OffsetResetArg::Latest => OffsetReset::Latest,
             OffsetResetArg::None => OffsetReset::Error,
         },
+        group: None,
     };
+    if let Some(group) = args.group.clone() {
+        return crate::group_cmds::consume_in_group(args, config, group).await;
+    }
     let partitions: Vec<(String, u32)> = match args.partition {
         Some(p) => vec![(args.topic.clone(), p)],
         None => {
@@ -360,7 +369,7 @@ pub async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
 }
 
 /// `consume | head` closing the pipe is a normal way to stop.
-fn broken_pipe_is_fine(e: std::io::Error) -> anyhow::Result<()> {
+pub(crate) fn broken_pipe_is_fine(e: std::io::Error) -> anyhow::Result<()> {
     if e.kind() == std::io::ErrorKind::BrokenPipe {
         return Ok(());
     }

@@ -3,6 +3,7 @@
 //! Scripts depend on these command and flag names; keep them stable.
 
 mod client_cmds;
+mod group_cmds;
 mod log_dump;
 mod serve;
 mod settings;
@@ -29,6 +30,9 @@ enum Command {
     Produce(ProduceArgs),
     /// Print messages of a topic, one per line.
     Consume(ConsumeArgs),
+    /// List, describe, reset the offsets of, and delete consumer groups.
+    #[command(subcommand)]
+    Group(GroupCommand),
     /// Inspect on-disk data.
     #[command(subcommand)]
     Log(LogCommand),
@@ -188,8 +192,22 @@ pub struct ConsumeArgs {
     #[arg(long, value_enum, default_value_t = OffsetResetArg::Latest)]
     pub offset_reset: OffsetResetArg,
     /// Read only this partition (default: all).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "group")]
     pub partition: Option<u32>,
+    /// Consume as a member of this consumer group: the group's members
+    /// split the partitions; a partition starts at the group's committed
+    /// offset (else the earliest with --from-beginning, the latest without);
+    /// what was printed is committed every second and on SIGINT/SIGTERM,
+    /// when the member leaves the group.
+    #[arg(long, conflicts_with = "offset")]
+    pub group: Option<String>,
+    /// Static membership id (with --group): a restart within the session
+    /// timeout gets the same partitions back with no rebalance.
+    #[arg(long, requires = "group")]
+    pub instance_id: Option<String>,
+    /// Group session timeout in ms (with --group).
+    #[arg(long, requires = "group")]
+    pub session_timeout_ms: Option<u64>,
     /// Exit after printing this many messages.
     #[arg(long)]
     pub max_messages: Option<u64>,
@@ -205,6 +223,58 @@ pub struct ConsumeArgs {
     pub client: ClientArgs,
     #[command(flatten)]
     pub file: ConfigFileArg,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GroupCommand {
+    /// Group ids with their state, one per line.
+    List {
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(flatten)]
+        file: ConfigFileArg,
+    },
+    /// State and members, and per partition the committed offset, log end,
+    /// lag and owning member.
+    Describe {
+        group: String,
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(flatten)]
+        file: ConfigFileArg,
+    },
+    /// Sets the group's committed offsets of a topic (every partition).
+    /// Refused while the group has members: stop them first.
+    ResetOffsets {
+        group: String,
+        #[arg(long)]
+        topic: String,
+        #[arg(long, group = "to")]
+        to_earliest: bool,
+        #[arg(long, group = "to")]
+        to_latest: bool,
+        #[arg(long, group = "to")]
+        to_offset: Option<u64>,
+        /// RFC 3339 time (2026-12-03T10:00:00Z) or milliseconds since the epoch.
+        #[arg(long, group = "to")]
+        to_datetime: Option<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(flatten)]
+        file: ConfigFileArg,
+    },
+    /// Deletes an empty group and its committed offsets.
+    Delete {
+        group: String,
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(flatten)]
+        file: ConfigFileArg,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -233,6 +303,7 @@ fn main() -> ExitCode {
         Command::Topic(cmd) => client_cmds::block_on(client_cmds::topic(cmd)),
         Command::Produce(args) => client_cmds::block_on(client_cmds::produce(args)),
         Command::Consume(args) => client_cmds::block_on(client_cmds::consume(args)),
+        Command::Group(cmd) => client_cmds::block_on(group_cmds::group(cmd)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
