@@ -2,93 +2,14 @@
 //! 127.0.0.1 (port 0, temp data directory) and the same binary's client
 //! commands talk to it through stdin/stdout, as scripts would.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 #[allow(dead_code, reason = "each test binary uses part of the shared helpers")]
 mod common;
 
-use common::BIN;
-const COMMAND_DEADLINE: Duration = Duration::from_secs(60);
-
-struct Broker {
-    child: Child,
-    listen: String,
-    dir: tempfile::TempDir,
-}
-
-impl Broker {
-    fn start() -> Broker {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (child, ready) = common::serve(dir.path(), 2);
-        let listen = ready.listen;
-        Broker { child, listen, dir }
-    }
-
-    fn cli(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(BIN);
-        cmd.args(args).env("SHARDLOG_BOOTSTRAP", &self.listen).env_remove("SHARDLOG_CONFIG");
-        cmd
-    }
-
-    /// Runs a client command to completion (bounded by a deadline).
-    fn run(&self, args: &[&str], stdin: impl AsRef<[u8]>) -> Output {
-        let mut child = self
-            .cli(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn shardlog");
-        let mut input = child.stdin.take().expect("stdin");
-        let bytes = stdin.as_ref().to_vec();
-        let writer = std::thread::spawn(move || {
-            input.write_all(&bytes).expect("write stdin");
-        });
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || tx.send(child.wait_with_output()));
-        let out = rx
-            .recv_timeout(COMMAND_DEADLINE)
-            .unwrap_or_else(|_| panic!("`shardlog {}` did not finish", args.join(" ")))
-            .expect("wait");
-        writer.join().expect("stdin writer");
-        out
-    }
-
-    fn ok(&self, args: &[&str], stdin: impl AsRef<[u8]>) -> String {
-        let out = self.run(args, stdin);
-        assert!(
-            out.status.success(),
-            "`shardlog {}` failed: {}\nstderr: {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).expect("utf8 stdout")
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The lines a child writes to `pipe`, as they come.
-fn lines_of(pipe: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines() {
-            if tx.send(line.expect("line")).is_err() {
-                return;
-            }
-        }
-    });
-    rx
-}
+use common::{lines_of, signal_and_wait, Broker, BIN, COMMAND_DEADLINE};
 
 fn lines(s: &str) -> Vec<String> {
     s.lines().map(str::to_string).collect()
@@ -304,17 +225,7 @@ fn consume_follows_until_interrupted() {
         }
     };
     assert_eq!(first, "live");
-    let pid = child.id().to_string();
-    assert!(Command::new("kill").args(["-INT", &pid]).status().expect("kill").success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            assert!(status.success(), "Ctrl-C must be a clean exit, got {status}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "consume did not stop on SIGINT");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    signal_and_wait(&mut child, "-INT", "consume on SIGINT (Ctrl-C must be a clean exit)");
 }
 
 /// `--offset` past the log end: the broker answers OffsetOutOfRange and the

@@ -1,11 +1,15 @@
 //! Shared by the end-to-end tests: start the real `shardlog serve` on
 //! 127.0.0.1 port 0 and read its ready line.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_shardlog");
+/// How long one client command may take.
+pub const COMMAND_DEADLINE: Duration = Duration::from_secs(60);
 
 /// What the ready line says.
 pub struct Ready {
@@ -16,6 +20,11 @@ pub struct Ready {
 /// Spawns `shardlog serve` with `shards` unpinned shards on `dir` and waits
 /// for its ready line.
 pub fn serve(dir: &Path, shards: usize) -> (Child, Ready) {
+    serve_with(dir, shards, &[])
+}
+
+/// `serve` with `extra` flags after the usual ones.
+pub fn serve_with(dir: &Path, shards: usize, extra: &[&str]) -> (Child, Ready) {
     let mut child = Command::new(BIN)
         .args([
             "serve",
@@ -27,6 +36,7 @@ pub fn serve(dir: &Path, shards: usize) -> (Child, Ready) {
             "--data-dir",
         ])
         .arg(dir)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -44,4 +54,113 @@ pub fn serve(dir: &Path, shards: usize) -> (Child, Ready) {
     let listen = field("listen=");
     let shard_ports = field("shard_ports=").split(',').map(|p| p.parse().expect("port")).collect();
     (child, Ready { listen, shard_ports })
+}
+
+/// A broker process on a temp directory, with helpers that run the same
+/// binary's client commands against it.
+pub struct Broker {
+    pub child: Child,
+    pub listen: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl Broker {
+    /// Two shards; `extra` serve flags.
+    pub fn start_with(extra: &[&str]) -> Broker {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (child, ready) = serve_with(dir.path(), 2, extra);
+        let listen = ready.listen;
+        Broker { child, listen, dir }
+    }
+
+    pub fn cli(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args).env("SHARDLOG_BOOTSTRAP", &self.listen).env_remove("SHARDLOG_CONFIG");
+        cmd
+    }
+
+    /// Runs a client command to completion (bounded by a deadline).
+    pub fn run(&self, args: &[&str], stdin: impl AsRef<[u8]>) -> Output {
+        let mut child = self
+            .cli(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn shardlog");
+        let mut input = child.stdin.take().expect("stdin");
+        let bytes = stdin.as_ref().to_vec();
+        let writer = std::thread::spawn(move || {
+            input.write_all(&bytes).expect("write stdin");
+        });
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || tx.send(child.wait_with_output()));
+        let out = rx
+            .recv_timeout(COMMAND_DEADLINE)
+            .unwrap_or_else(|_| panic!("`shardlog {}` did not finish", args.join(" ")))
+            .expect("wait");
+        writer.join().expect("stdin writer");
+        out
+    }
+
+    pub fn ok(&self, args: &[&str], stdin: impl AsRef<[u8]>) -> String {
+        let out = self.run(args, stdin);
+        assert!(
+            out.status.success(),
+            "`shardlog {}` failed: {}\nstderr: {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("utf8 stdout")
+    }
+}
+
+impl Broker {
+    pub fn start() -> Broker {
+        Broker::start_with(&[])
+    }
+
+    /// Runs a client command that must fail; its stderr.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let out = self.run(args, "");
+        assert!(!out.status.success(), "`shardlog {}` should fail", args.join(" "));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The lines a child writes to `pipe`, as they come.
+pub fn lines_of(pipe: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines() {
+            if tx.send(line.expect("line")).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Sends `signal` (`-INT`, `-TERM`) to `child` and waits up to 15 s for a
+/// successful exit.
+pub fn signal_and_wait(child: &mut Child, signal: &str, what: &str) {
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args([signal, &pid]).status().expect("kill").success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            assert!(status.success(), "{what}: exit {status}");
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
