@@ -24,6 +24,62 @@ impl Default for FlushPolicy {
     }
 }
 
+/// What happens to old data [`cleanup.policy`]: Kafka's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CleanupPolicy {
+    /// Whole old segments are deleted by `retention.ms` / `retention.bytes`.
+    #[default]
+    Delete,
+    /// Keyed compaction keeps the latest record per key (`log::compact`);
+    /// retention deletes nothing.
+    Compact,
+    /// Both: compaction, and retention by time and size (`compact,delete`).
+    CompactDelete,
+}
+
+impl CleanupPolicy {
+    /// Whether keyed compaction runs.
+    #[must_use]
+    pub fn compacts(self) -> bool {
+        matches!(self, CleanupPolicy::Compact | CleanupPolicy::CompactDelete)
+    }
+
+    /// Whether retention by time and size deletes old segments.
+    #[must_use]
+    pub fn deletes(self) -> bool {
+        matches!(self, CleanupPolicy::Delete | CleanupPolicy::CompactDelete)
+    }
+
+    /// Kafka's spelling (`delete`, `compact`, `compact,delete`).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CleanupPolicy::Delete => "delete",
+            CleanupPolicy::Compact => "compact",
+            CleanupPolicy::CompactDelete => "compact,delete",
+        }
+    }
+
+    /// Parses a comma-separated list of `delete` / `compact` (either order,
+    /// spaces allowed), as Kafka does.
+    fn parse(value: &str) -> Option<CleanupPolicy> {
+        let (mut delete, mut compact) = (false, false);
+        for part in value.split(',') {
+            match part.trim() {
+                "delete" => delete = true,
+                "compact" => compact = true,
+                _ => return None,
+            }
+        }
+        match (compact, delete) {
+            (true, true) => Some(CleanupPolicy::CompactDelete),
+            (true, false) => Some(CleanupPolicy::Compact),
+            (false, true) => Some(CleanupPolicy::Delete),
+            (false, false) => None,
+        }
+    }
+}
+
 /// Per-topic settings (Kafka's names in `TopicConfig::set`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicConfig {
@@ -36,6 +92,19 @@ pub struct TopicConfig {
     pub retention_ms: Option<u64>,
     pub index_interval_bytes: u32,
     pub batch_bytes_max: u32,
+    /// [`cleanup.policy`]: retention applies only when it includes `delete`,
+    /// keyed compaction only when it includes `compact`.
+    pub cleanup_policy: CleanupPolicy,
+    /// How long a tombstone survives once compaction has cleaned it
+    /// [`delete.retention.ms`] (see `log::compact` for the exact rule).
+    pub delete_retention_ms: u64,
+    /// Compaction runs when the dirty share of the sealed bytes reaches this
+    /// many thousandths [`min.cleanable.dirty.ratio`, a fraction in Kafka;
+    /// kept in per-mille so the config stays `Eq`].
+    pub min_cleanable_dirty_permille: u16,
+    /// A sealed segment is compacted only once its newest record is this old
+    /// [`min.compaction.lag.ms`].
+    pub min_compaction_lag_ms: u64,
 }
 
 pub const SEGMENT_BYTES_DEFAULT: u64 = 1 << 30;
@@ -44,6 +113,9 @@ pub const SEGMENT_MS_DEFAULT: u64 = 7 * 24 * 3600 * 1000;
 pub const RETENTION_MS_DEFAULT: u64 = 7 * 24 * 3600 * 1000;
 pub const INDEX_INTERVAL_BYTES_DEFAULT: u32 = 4096;
 pub const BATCH_BYTES_MAX_DEFAULT: u32 = 16 << 20;
+pub const DELETE_RETENTION_MS_DEFAULT: u64 = 24 * 3600 * 1000;
+pub const MIN_CLEANABLE_DIRTY_PERMILLE_DEFAULT: u16 = 500;
+pub const MIN_CLEANABLE_DIRTY_PERMILLE_MAX: u16 = 1000;
 
 impl Default for TopicConfig {
     fn default() -> Self {
@@ -55,6 +127,10 @@ impl Default for TopicConfig {
             retention_ms: Some(RETENTION_MS_DEFAULT),
             index_interval_bytes: INDEX_INTERVAL_BYTES_DEFAULT,
             batch_bytes_max: BATCH_BYTES_MAX_DEFAULT,
+            cleanup_policy: CleanupPolicy::Delete,
+            delete_retention_ms: DELETE_RETENTION_MS_DEFAULT,
+            min_cleanable_dirty_permille: MIN_CLEANABLE_DIRTY_PERMILLE_DEFAULT,
+            min_compaction_lag_ms: 0,
         }
     }
 }
@@ -74,6 +150,22 @@ fn parse_u64(name: &str, value: &str) -> Result<u64, ConfigError> {
         value: value.into(),
         why: "expected a non-negative integer",
     })
+}
+
+/// A fraction in `[0, 1]` (at most three decimals count) as per-mille.
+fn parse_permille(name: &str, value: &str) -> Result<u16, ConfigError> {
+    let invalid = |why| ConfigError::Invalid { name: name.into(), value: value.into(), why };
+    let v: f64 = value.trim().parse().map_err(|_| invalid("expected a number between 0 and 1"))?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err(invalid("expected a number between 0 and 1"));
+    }
+    // In [0, 1000] after the check above, so the cast cannot truncate.
+    Ok((v * f64::from(MIN_CLEANABLE_DIRTY_PERMILLE_MAX)).round() as u16)
+}
+
+/// Per-mille as the shortest decimal fraction (`500` -> `0.5`).
+fn format_permille(permille: u16) -> String {
+    (f64::from(permille) / f64::from(MIN_CLEANABLE_DIRTY_PERMILLE_MAX)).to_string()
 }
 
 /// `-1` means unbounded, as in Kafka.
@@ -132,6 +224,13 @@ impl TopicConfig {
                 self.batch_bytes_max =
                     u32::try_from(parse_u64(name, value)?).map_err(|_| invalid("too large"))?;
             }
+            "cleanup.policy" => {
+                self.cleanup_policy = CleanupPolicy::parse(value)
+                    .ok_or_else(|| invalid("expected delete, compact or compact,delete"))?;
+            }
+            "delete.retention.ms" => self.delete_retention_ms = parse_u64(name, value)?,
+            "min.cleanable.dirty.ratio" => self.min_cleanable_dirty_permille = parse_permille(name, value)?,
+            "min.compaction.lag.ms" => self.min_compaction_lag_ms = parse_u64(name, value)?,
             _ => return Err(ConfigError::Unknown(name.into())),
         }
         Ok(())
@@ -158,6 +257,10 @@ impl TopicConfig {
         out.push(("retention.ms".into(), bound(self.retention_ms)));
         out.push(("index.interval.bytes".into(), self.index_interval_bytes.to_string()));
         out.push(("max.message.bytes".into(), self.batch_bytes_max.to_string()));
+        out.push(("cleanup.policy".into(), self.cleanup_policy.as_str().into()));
+        out.push(("delete.retention.ms".into(), self.delete_retention_ms.to_string()));
+        out.push(("min.cleanable.dirty.ratio".into(), format_permille(self.min_cleanable_dirty_permille)));
+        out.push(("min.compaction.lag.ms".into(), self.min_compaction_lag_ms.to_string()));
         out
     }
 
@@ -380,5 +483,60 @@ mod tests {
         assert!(matches!(c.set("flush.policy", "sometimes"), Err(ConfigError::Invalid { .. })));
         c.set("flush.ms", "5").expect("valid");
         assert_eq!(c.flush, FlushPolicy::Interval { ms: 5, bytes: FLUSH_INTERVAL_BYTES_DEFAULT });
+    }
+
+    #[test]
+    fn compaction_settings_round_trip_and_reject_bad_values() {
+        let d = TopicConfig::default();
+        assert_eq!(d.cleanup_policy, CleanupPolicy::Delete);
+        assert_eq!(
+            (d.delete_retention_ms, d.min_cleanable_dirty_permille, d.min_compaction_lag_ms),
+            (86_400_000, 500, 0)
+        );
+        for (text, policy) in [
+            ("delete", CleanupPolicy::Delete),
+            ("compact", CleanupPolicy::Compact),
+            ("compact,delete", CleanupPolicy::CompactDelete),
+            ("delete, compact", CleanupPolicy::CompactDelete),
+        ] {
+            let mut c = TopicConfig::default();
+            c.set("cleanup.policy", text).expect("valid policy");
+            assert_eq!(c.cleanup_policy, policy, "{text}");
+        }
+        let c = TopicConfig::from_entries([
+            ("cleanup.policy", "compact"),
+            ("delete.retention.ms", "10"),
+            ("min.cleanable.dirty.ratio", "0.125"),
+            ("min.compaction.lag.ms", "7"),
+        ])
+        .expect("valid");
+        assert!(c.cleanup_policy.compacts() && !c.cleanup_policy.deletes());
+        assert_eq!(
+            (c.delete_retention_ms, c.min_cleanable_dirty_permille, c.min_compaction_lag_ms),
+            (10, 125, 7)
+        );
+        let entries = c.entries();
+        assert!(entries.contains(&("min.cleanable.dirty.ratio".into(), "0.125".into())));
+        let back = TopicConfig::from_entries(entries.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .expect("round trip");
+        assert_eq!(back, c);
+        let mut c = TopicConfig::default();
+        for (name, value) in [
+            ("cleanup.policy", "purge"),
+            ("cleanup.policy", ""),
+            ("cleanup.policy", "compact,"),
+            ("delete.retention.ms", "-5"),
+            ("min.cleanable.dirty.ratio", "1.5"),
+            ("min.cleanable.dirty.ratio", "-0.1"),
+            ("min.cleanable.dirty.ratio", "NaN"),
+            ("min.cleanable.dirty.ratio", "half"),
+            ("min.compaction.lag.ms", "soon"),
+        ] {
+            assert!(
+                matches!(c.set(name, value), Err(ConfigError::Invalid { name: ref n, .. }) if n == name),
+                "{name}={value}"
+            );
+        }
+        assert_eq!(c, TopicConfig::default(), "a rejected value changes nothing");
     }
 }

@@ -22,6 +22,10 @@ pub enum FaultPoint {
     SegmentRoll,
     /// Opening a partition's log at start-up (before recovery reads it).
     RecoveryRead,
+    /// A step of compaction's swap of a cleaned segment into the log; the
+    /// path names the step (`<base>.log.cleaned`: before the commit rename,
+    /// `<base>.log.swap`: after it, mid-swap). See `log::compact`.
+    CompactSwap,
 }
 
 /// What happens at an armed point.

@@ -269,7 +269,13 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
 fn with_offsets_topic(config: &BrokerConfig, store: FileTopicStore) -> Result<TopicTable, BrokerError> {
     use shardlog_schema::types::OFFSETS_TOPIC;
     let mut topics = store.load()?;
-    if topics.contains_key(OFFSETS_TOPIC) {
+    if let Some(meta) = topics.get_mut(OFFSETS_TOPIC) {
+        // Created by a version without compaction: compact it from now on.
+        if !meta.config.cleanup_policy.compacts() {
+            meta.config.cleanup_policy = config::CleanupPolicy::Compact;
+            store.store_blocking(&topics)?;
+            tracing::info!("{OFFSETS_TOPIC} now has cleanup.policy=compact");
+        }
         return Ok(topics);
     }
     let partitions = config.group.offsets_topic_partitions;
@@ -277,6 +283,13 @@ fn with_offsets_topic(config: &BrokerConfig, store: FileTopicStore) -> Result<To
         return Err(BrokerError::Config(format!(
             "offsets.topic.num.partitions must be 1 to {}, not {partitions}",
             topics::TOPIC_PARTITIONS_MAX
+        )));
+    }
+    let segment_bytes = config.group.offsets_topic_segment_bytes;
+    if segment_bytes < config::SEGMENT_BYTES_MIN {
+        return Err(BrokerError::Config(format!(
+            "offsets.topic.segment.bytes must be at least {}, not {segment_bytes}",
+            config::SEGMENT_BYTES_MIN
         )));
     }
     topics.insert(
@@ -429,7 +442,9 @@ async fn shutdown_shard(ctx: &Rc<ShardContext>, tasks: [glommio::Task<()>; 4]) -
     first_error.map_or(Ok(()), Err)
 }
 
-/// Enforces retention on every owned partition at the configured interval.
+/// Enforces retention on every owned partition at the configured interval,
+/// and compacts the partitions of `cleanup.policy=compact` topics when
+/// their dirty share is due (`log::compact`).
 async fn retention_loop(ctx: Rc<ShardContext>) {
     loop {
         glommio::timer::sleep(ctx.config.retention_check_interval).await;
@@ -442,6 +457,9 @@ async fn retention_loop(ctx: Rc<ShardContext>) {
                 ),
                 Ok(_) => {}
                 Err(e) => tracing::error!(topic = %p.topic, partition = p.id, error = %e, "retention failed"),
+            }
+            if let Err(e) = p.log.compact(now_ms).await {
+                tracing::error!(topic = %p.topic, partition = p.id, error = %e, "compaction failed");
             }
             glommio::yield_if_needed().await;
         }

@@ -581,3 +581,59 @@ fn bad_group_requests_get_typed_errors() {
     drop((c, c2));
     handle.shutdown().expect("clean shutdown");
 }
+
+/// `__consumer_offsets` is compacted: committing the same offsets over and
+/// over keeps its partition near one segment of live keys, not the history,
+/// and a restart still serves the latest commit of each partition.
+#[test]
+fn the_offsets_topic_stays_bounded_under_repeated_commits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let start_broker = || {
+        let mut config = BrokerConfig::new(dir.path().to_path_buf(), "127.0.0.1:0".parse().expect("addr"));
+        config.shards = 1;
+        config.pin_cores = false;
+        config.group.offsets_topic_partitions = 1;
+        config.group.offsets_topic_segment_bytes = 64 << 10;
+        config.retention_check_interval = Duration::from_millis(100);
+        start(config).expect("broker starts")
+    };
+    let partition_dir = dir.path().join(format!("{OFFSETS_TOPIC}-0"));
+    let dir_bytes = || -> u64 {
+        std::fs::read_dir(&partition_dir)
+            .expect("offsets partition directory")
+            .map(|e| e.expect("entry").metadata().expect("stat").len())
+            .sum()
+    };
+    let handle = start_broker();
+    let mut c = Conn::open(handle.ready.listen.port());
+    assert_eq!(c.create_topic("busy", 4), ErrorCode::None);
+    let rounds = 3000i64;
+    for round in 1..=rounds {
+        let parts: Vec<(&str, u32, i64)> = (0..4).map(|p| ("busy", p, round * 10 + i64::from(p))).collect();
+        let (e, errs) = commit(&mut c, "steady", -1, "", &parts);
+        assert_eq!(e, ErrorCode::None);
+        assert!(errs.iter().all(|(_, _, e)| *e == ErrorCode::None), "{errs:?}");
+    }
+    // Every commit is a record of about 100 bytes: 3000 x 4 of them is
+    // over 1 MiB of history; compaction keeps the live keys plus at most
+    // the active segment and a sealed one not yet cleaned.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while dir_bytes() > 3 * (64 << 10) {
+        assert!(Instant::now() < deadline, "offsets partition still {} bytes", dir_bytes());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let expect: Vec<(String, u32, i64)> =
+        (0..4).map(|p| ("busy".to_string(), p, rounds * 10 + i64::from(p))).collect();
+    let got: Vec<(String, u32, i64)> =
+        fetch_offsets(&mut c, "steady").into_iter().map(|(t, p, o, _)| (t, p, o)).collect();
+    assert_eq!(got, expect);
+    drop(c);
+    handle.shutdown().expect("clean shutdown");
+    let handle = start_broker();
+    let mut c = Conn::open(handle.ready.listen.port());
+    let got: Vec<(String, u32, i64)> =
+        fetch_offsets(&mut c, "steady").into_iter().map(|(t, p, o, _)| (t, p, o)).collect();
+    assert_eq!(got, expect, "the latest commits survive compaction and a restart");
+    drop(c);
+    handle.shutdown().expect("clean shutdown");
+}

@@ -243,18 +243,36 @@ pub fn compute_crc(batch: &[u8]) -> u32 {
     crc32c::crc32c(&batch[CRC_START..])
 }
 
-/// Validates the batch at the start of `buf`: header, length bounds, magic,
-/// CRC, and the counts: at least one record and `last_offset_delta ==
-/// record_count - 1`. The base offset is not judged here (the broker stamps
-/// it after this check on produce; recovery and readers compare it with the
-/// offset they expect): [`BatchHeader::checked_next_offset`] says whether it
-/// leaves room for the records.
+/// Validates the batch at the start of `buf` as a producer sends it:
+/// [`validate_stored`] plus `last_offset_delta == record_count - 1` (every
+/// offset of the batch holds a record). The base offset is not judged here
+/// (the broker stamps it after this check on produce; recovery and readers
+/// compare it with the offset they expect): [`BatchHeader::checked_next_offset`]
+/// says whether it leaves room for the records.
 /// Returns the header; the batch is `buf[..header.total_bytes()]`.
-/// This is the check done before an append and again during recovery.
 ///
 /// Every field it reads comes from outside (a socket, a file): nothing here
 /// does arithmetic that can overflow on any value.
 pub fn validate(buf: &[u8], batch_bytes_max: usize) -> Result<BatchHeader, BatchError> {
+    let header = validate_stored(buf, batch_bytes_max)?;
+    // `record_count >= 1` here, so `record_count - 1` cannot underflow
+    // (`last_offset_delta + 1` would overflow for u32::MAX).
+    if header.last_offset_delta != header.record_count - 1 {
+        return Err(BatchError::RecordCountMismatch {
+            header: header.record_count,
+            actual: usize::try_from(u64::from(header.last_offset_delta) + 1).unwrap_or(usize::MAX),
+        });
+    }
+    Ok(header)
+}
+
+/// Validates a batch as a log may hold it: header, length bounds, magic,
+/// CRC, and at least one record and no more records than offsets. Keyed
+/// compaction ([`filter_records`]) leaves batches whose records skip
+/// offsets (`record_count <= last_offset_delta + 1`), as Kafka's do; readers
+/// take each record's offset from its offset delta. Used by recovery and by
+/// every reader of stored batches.
+pub fn validate_stored(buf: &[u8], batch_bytes_max: usize) -> Result<BatchHeader, BatchError> {
     let header = BatchHeader::parse(buf)?;
     let total = header.total_bytes();
     if total < BATCH_HEADER_BYTES || total > batch_bytes_max {
@@ -274,15 +292,82 @@ pub fn validate(buf: &[u8], batch_bytes_max: usize) -> Result<BatchHeader, Batch
     if header.record_count == 0 {
         return Err(BatchError::Empty);
     }
-    // `record_count >= 1` here, so `record_count - 1` cannot underflow
-    // (`last_offset_delta + 1` would overflow for u32::MAX).
-    if header.last_offset_delta != header.record_count - 1 {
+    if u64::from(header.record_count) > u64::from(header.last_offset_delta) + 1 {
         return Err(BatchError::RecordCountMismatch {
             header: header.record_count,
             actual: usize::try_from(u64::from(header.last_offset_delta) + 1).unwrap_or(usize::MAX),
         });
     }
     Ok(header)
+}
+
+/// Keyed compaction's rewrite of one stored batch: keeps the records for
+/// which `keep(record)` is true, each with its offset and timestamp (offset
+/// and timestamp deltas unchanged), under the same header fields (base
+/// offset, `last_offset_delta`, leader epoch, producer id, epoch and
+/// sequence, attributes, first and max timestamp) with the new record count,
+/// length and CRC. Returns `Ok(None)` when no record is kept, and the batch
+/// unchanged (a copy) when every record is.
+pub fn filter_records(
+    batch: &[u8],
+    mut keep: impl FnMut(&RecordView<'_>) -> bool,
+) -> Result<Option<Vec<u8>>, BatchError> {
+    let header = validate_stored(batch, batch.len())?;
+    let batch = &batch[..header.total_bytes()];
+    let views = records(batch)?;
+    let kept: Vec<usize> = views.iter().enumerate().filter(|(_, r)| keep(r)).map(|(i, _)| i).collect();
+    if kept.is_empty() {
+        return Ok(None);
+    }
+    if kept.len() == views.len() {
+        return Ok(Some(batch.to_vec()));
+    }
+    let set = flatbuffers::root::<wire::RecordSet>(&batch[BATCH_HEADER_BYTES..])?;
+    let all = set.records().unwrap_or_default();
+    let mut fbb = FlatBufferBuilder::with_capacity(batch.len());
+    let mut out_records = Vec::with_capacity(kept.len());
+    for i in kept {
+        let r = all.get(i);
+        let key = r.key().map(|k| fbb.create_vector(k.bytes()));
+        let value = r.value().map(|v| fbb.create_vector(v.bytes()));
+        let headers = r.headers().map(|hs| {
+            let hs: Vec<_> = hs
+                .iter()
+                .map(|h| {
+                    let key = h.key().map(|k| fbb.create_string(k));
+                    let value = h.value().map(|v| fbb.create_vector(v.bytes()));
+                    wire::RecordHeader::create(&mut fbb, &wire::RecordHeaderArgs { key, value })
+                })
+                .collect();
+            fbb.create_vector(&hs)
+        });
+        out_records.push(wire::Record::create(
+            &mut fbb,
+            &wire::RecordArgs {
+                offset_delta: r.offset_delta(),
+                timestamp_delta: r.timestamp_delta(),
+                key,
+                value,
+                headers,
+            },
+        ));
+    }
+    let count = out_records.len();
+    let records = fbb.create_vector(&out_records);
+    let set = wire::RecordSet::create(&mut fbb, &wire::RecordSetArgs { records: Some(records) });
+    fbb.finish_minimal(set);
+    let data = fbb.finished_data();
+    let total = BATCH_HEADER_BYTES + data.len();
+    let mut out = vec![0u8; BATCH_HEADER_BYTES];
+    out.extend_from_slice(data);
+    let new_header = BatchHeader {
+        batch_length: u32::try_from(total - BATCH_LENGTH_PREFIX_BYTES).expect("smaller than the input batch"),
+        record_count: u32::try_from(count).expect("fewer records than the input batch"),
+        crc: 0,
+        ..header
+    };
+    seal_header(new_header, &mut out);
+    Ok(Some(out))
 }
 
 /// Validates a batch fully: [`validate`] plus verification of the record set
@@ -605,7 +690,7 @@ impl<'a> Iterator for BatchIter<'a> {
         if rest.len() < total && total <= self.batch_bytes_max {
             return None; // incomplete tail
         }
-        match validate(rest, self.batch_bytes_max) {
+        match validate_stored(rest, self.batch_bytes_max) {
             Ok(h) => {
                 let bytes = &rest[..h.total_bytes()];
                 self.pos += h.total_bytes();
@@ -630,6 +715,41 @@ mod tests {
             b.push(k.as_deref(), v, &[("h", b"x")], ts + i as i64);
         }
         b.finish()
+    }
+
+    #[test]
+    fn filter_records_keeps_offsets_timestamps_and_producer_fields() {
+        let mut b = BatchBuilder::with_capacity(1024);
+        for i in 0..5u8 {
+            b.push(Some(&[b'k', i]), &[i; 10], &[("h", &[i])], 1000 + i64::from(i));
+        }
+        b.push_tombstone(b"gone", &[], 2000);
+        let mut batch = b.finish();
+        stamp(&mut batch, 100, 3);
+        let h = validate(&batch, 1 << 20).unwrap();
+        let kept = filter_records(&batch, |r| r.offset % 2 == 1 || r.tombstone).unwrap().unwrap();
+        let kh = validate_stored(&kept, 1 << 20).expect("a filtered batch is a valid stored batch");
+        assert_eq!((kh.base_offset, kh.last_offset_delta, kh.record_count), (100, 5, 3));
+        assert_eq!(
+            (kh.leader_epoch, kh.first_timestamp, kh.max_timestamp),
+            (3, h.first_timestamp, h.max_timestamp)
+        );
+        assert!(
+            matches!(validate(&kept, 1 << 20), Err(BatchError::RecordCountMismatch { .. })),
+            "not a producer batch"
+        );
+        let rs = records(&kept).unwrap();
+        let got: Vec<(u64, i64, bool)> = rs.iter().map(|r| (r.offset, r.timestamp_ms, r.tombstone)).collect();
+        assert_eq!(got, vec![(101, 1001, false), (103, 1003, false), (105, 2000, true)]);
+        assert_eq!(rs[0].headers, vec![("h", &[1u8][..])]);
+        assert_eq!(rs[1].value, &[3u8; 10]);
+        assert_eq!(filter_records(&batch, |_| true).unwrap().unwrap(), batch, "all kept: unchanged");
+        assert_eq!(filter_records(&batch, |_| false).unwrap(), None);
+        // Filtering a filtered batch again works on its gaps.
+        let again = filter_records(&kept, |r| r.offset == 105).unwrap().unwrap();
+        assert_eq!(records(&again).unwrap().iter().map(|r| r.offset).collect::<Vec<_>>(), vec![105]);
+        let mut it = BatchIter::new(&again, 1 << 20);
+        assert!(it.next().unwrap().is_ok(), "readers accept compacted batches");
     }
 
     #[test]

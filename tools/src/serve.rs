@@ -105,6 +105,11 @@ pub struct ServeArgs {
     /// is first created [offsets.topic.num.partitions; 16].
     #[arg(long)]
     offsets_topic_partitions: Option<u32>,
+    /// Segment size of `__consumer_offsets` when it is first created
+    /// [offsets.topic.segment.bytes; 104857600]; compaction rewrites
+    /// sealed segments only, so this bounds the uncompacted tail.
+    #[arg(long)]
+    offsets_topic_segment_bytes: Option<u64>,
     /// How long the first rebalance of an empty group waits for more
     /// members [group.initial.rebalance.delay.ms; 3000].
     #[arg(long)]
@@ -187,6 +192,9 @@ pub fn build_config(args: ServeArgs) -> anyhow::Result<BrokerConfig> {
     let g = &mut config.group;
     if let Some(n) = args.offsets_topic_partitions.or(file.offsets_topic_partitions) {
         g.offsets_topic_partitions = n;
+    }
+    if let Some(n) = args.offsets_topic_segment_bytes.or(file.offsets_topic_segment_bytes) {
+        g.offsets_topic_segment_bytes = n;
     }
     if let Some(ms) = args.group_initial_rebalance_delay_ms.or(file.group_initial_rebalance_delay_ms) {
         g.initial_rebalance_delay = Duration::from_millis(ms);

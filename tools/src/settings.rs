@@ -70,6 +70,7 @@ pub struct ServeSettings {
     pub connection_idle_max_ms: Option<u64>,
     pub response_write_timeout_ms: Option<u64>,
     pub offsets_topic_partitions: Option<u32>,
+    pub offsets_topic_segment_bytes: Option<u64>,
     pub group_initial_rebalance_delay_ms: Option<u64>,
     pub group_min_session_timeout_ms: Option<u64>,
     pub group_max_session_timeout_ms: Option<u64>,

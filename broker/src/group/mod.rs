@@ -62,15 +62,17 @@ pub fn offsets_partitions(ctx: &ShardContext) -> Option<u32> {
 }
 
 /// Settings of `__consumer_offsets` when the broker creates it: the topic
-/// defaults, its own segment size, no time or size retention (an idle
-/// group's offsets must not age out with old segments), compaction once the
-/// log supports it.
+/// defaults, its own segment size, keyed compaction (the latest record per
+/// group and per committed partition stays; a deleted group's tombstones
+/// go after `delete.retention.ms`) and no time or size retention (an idle
+/// group's offsets must not age out with old segments).
 #[must_use]
 pub fn offsets_topic_config(config: &crate::config::BrokerConfig) -> crate::config::TopicConfig {
     let mut c = config.topic_defaults.clone();
     c.segment_bytes = config.group.offsets_topic_segment_bytes;
     c.retention_ms = None;
     c.retention_bytes = None;
+    c.cleanup_policy = crate::config::CleanupPolicy::Compact;
     c
 }
 

@@ -204,11 +204,33 @@ pub(crate) struct ReaderSlot<F> {
     budget: Rc<FileBudget>,
     file: RefCell<Option<Rc<F>>>,
     tick: Cell<Option<u64>>,
+    /// While set, the cached handle is neither evicted nor cleared: its file
+    /// is not (yet) at the segment's path, so it could not be reopened
+    /// (compaction's swap window, `log::compact`).
+    pinned: Cell<bool>,
 }
 
 impl<F: 'static> ReaderSlot<F> {
     pub(crate) fn new(budget: &Rc<FileBudget>) -> Rc<ReaderSlot<F>> {
-        Rc::new(ReaderSlot { budget: budget.clone(), file: RefCell::new(None), tick: Cell::new(None) })
+        Rc::new(ReaderSlot {
+            budget: budget.clone(),
+            file: RefCell::new(None),
+            tick: Cell::new(None),
+            pinned: Cell::new(false),
+        })
+    }
+
+    /// A slot holding `f`, pinned (see [`ReaderSlot::unpin`]).
+    pub(crate) fn pinned(budget: &Rc<FileBudget>, f: Rc<F>) -> Rc<ReaderSlot<F>> {
+        let slot = Self::new(budget);
+        slot.put(f);
+        slot.pinned.set(true);
+        slot
+    }
+
+    /// The handle's file is at its path now: it may be closed and reopened.
+    pub(crate) fn unpin(&self) {
+        self.pinned.set(false);
     }
 
     /// The cached handle (marked as used), if open.
@@ -227,6 +249,9 @@ impl<F: 'static> ReaderSlot<F> {
 
     /// Closes the cached handle (in-flight users keep theirs).
     pub(crate) fn clear(&self) {
+        if self.pinned.get() {
+            return;
+        }
         self.budget.forget(&self.tick);
         self.file.borrow_mut().take();
     }
@@ -238,6 +263,9 @@ impl<F: 'static> ReaderSlot<F> {
 
 impl<F> Evict for ReaderSlot<F> {
     fn evict(&self) -> bool {
+        if self.pinned.get() {
+            return false;
+        }
         self.file.borrow_mut().take();
         true
     }

@@ -8,8 +8,14 @@ impl Log {
     /// `retention.ms` (by their largest timestamp). Never the active one.
     pub async fn enforce_retention(&self, now_ms: i64) -> Result<RetentionOutcome, LogError> {
         let sh = &self.sh;
+        if !sh.config.cleanup_policy.deletes() {
+            return Ok(RetentionOutcome::default());
+        }
         let victims = {
             let mut st = sh.st.borrow_mut();
+            if st.compacting {
+                return Ok(RetentionOutcome::default());
+            }
             let mut total = st.closed_bytes + st.active.end_pos;
             let mut victims = Vec::new();
             while let Some(seg) = st.closed.front() {
@@ -50,6 +56,8 @@ impl Log {
         }
         wait_not_rolling(sh).await;
         sh.st.borrow_mut().shut = true;
+        // A running compaction pass stops after its current group.
+        compact::wait_not_compacting(sh).await;
         flush_inner(sh).await?;
         let (base, end_pos, next) = {
             let st = sh.st.borrow();
@@ -72,6 +80,7 @@ impl Log {
         let sh = &self.sh;
         wait_not_rolling(sh).await;
         sh.st.borrow_mut().shut = true;
+        compact::wait_not_compacting(sh).await;
         // Let in-flight writes finish so no task touches the files afterwards;
         // their errors do not matter any more.
         if let Err(e) = flush_inner(sh).await {

@@ -62,6 +62,7 @@
 //! access); otherwise it takes the file path above.
 
 mod admit;
+mod compact;
 pub mod dump;
 mod error;
 mod files;
@@ -70,6 +71,7 @@ pub mod index;
 mod notify;
 mod segment;
 
+pub use compact::CompactOutcome;
 pub use error::LogError;
 pub use files::{
     process_files_limit, shard_files_max, FileBudget, OPEN_FILES_RESERVE_FRACTION, OPEN_FILES_RESERVE_MIN,
@@ -303,6 +305,10 @@ struct State {
     last_sync_ms: i64,
     bytes_since_sync: u64,
     stats: LogStats,
+    /// A compaction pass runs (`compact`): retention and deletion wait.
+    compacting: bool,
+    /// Where the last compaction pass ended: segments from here are dirty.
+    cleaned_upto: u64,
     /// Sealed segments with an open read handle, oldest first: `(base, is_index)`.
     /// Bounded by [`LogOptions::open_readers_max`] so thousands of segments do not hold
     /// thousands of fds.
@@ -560,6 +566,13 @@ impl Log {
     pub fn size_bytes(&self) -> u64 {
         let st = self.sh.st.borrow();
         st.closed_bytes + st.active.end_pos
+    }
+
+    /// Base offset of the active segment: compaction and retention touch
+    /// only offsets below it.
+    #[must_use]
+    pub fn active_base(&self) -> Offset {
+        Offset(self.sh.st.borrow().active.base)
     }
 
     #[must_use]

@@ -12,6 +12,8 @@ struct Plan {
     data_end: u64,
     /// Offset after `data_end`.
     end_next: u64,
+    /// Base of the next segment (sealed segments only).
+    next_base: u64,
     active: bool,
     /// `[start, start + len)` of the active segment, from memory.
     tail: Option<(u64, Bytes)>,
@@ -23,7 +25,15 @@ fn plan_for(st: &State, config: &TopicConfig, offset: u64) -> Plan {
         let a = &st.active;
         let tail = (hw_pos > a.tail_start)
             .then(|| (a.tail_start, Bytes::copy_from_slice(&a.tail[..(hw_pos - a.tail_start) as usize])));
-        Plan { base: a.base, reader: a.reader.get(), data_end: hw_pos, end_next: hw, active: true, tail }
+        Plan {
+            base: a.base,
+            reader: a.reader.get(),
+            data_end: hw_pos,
+            end_next: hw,
+            next_base: hw,
+            active: true,
+            tail,
+        }
     } else {
         let i = st.closed.partition_point(|s| s.base <= offset).checked_sub(1).expect("offset >= start");
         let s = &st.closed[i];
@@ -32,6 +42,7 @@ fn plan_for(st: &State, config: &TopicConfig, offset: u64) -> Plan {
             reader: s.reader.get(),
             data_end: s.size(),
             end_next: s.summary.next_offset,
+            next_base: st.closed.get(i + 1).map_or(st.active.base, |n| n.base),
             active: false,
             tail: None,
         }
@@ -172,41 +183,48 @@ async fn lookup(sh: &Shared, base: u64, target: u64, by_pos: bool) -> Result<Ind
 }
 
 pub(super) async fn read(sh: &Rc<Shared>, from: Offset, max_bytes: usize) -> Result<LogRead, LogError> {
-    let plan = {
-        let st = sh.st.borrow();
-        let (start, end) = (st.start_offset(), st.active.next_offset);
-        if from.0 < start || from.0 > end {
-            return Err(LogError::OffsetOutOfRange {
-                requested: from,
-                start: Offset(start),
-                end: Offset(end),
-            });
+    let mut at = from.0;
+    // Compaction may have emptied the end of a sealed segment: a read that
+    // finds no batch at or after `at` there goes on at the next segment.
+    let (plan, reader, first) = loop {
+        let plan = {
+            let st = sh.st.borrow();
+            let (start, end) = (st.start_offset(), st.active.next_offset);
+            if at < start || at > end {
+                return Err(LogError::OffsetOutOfRange {
+                    requested: from,
+                    start: Offset(start),
+                    end: Offset(end),
+                });
+            }
+            if at >= st.high_watermark(&sh.config).0 {
+                return Ok(LogRead::empty(Offset(at)));
+            }
+            if let Some(hot) = read_hot(sh, &st, at, max_bytes) {
+                return Ok(hot);
+            }
+            plan_for(&st, &sh.config, at)
+        };
+        let reader = match plan.reader.clone() {
+            Some(r) => r,
+            None => segment_reader(sh, plan.base, false).await?,
+        };
+        let entry = lookup(sh, plan.base, at - plan.base, false).await?;
+        let mut first: Option<ScannedBatch> = None;
+        scan_headers(&reader, u64::from(entry.pos), plan.data_end, |b| {
+            if b.header.last_offset() >= at {
+                first = Some(b);
+                false
+            } else {
+                true
+            }
+        })
+        .await?;
+        match first {
+            Some(first) => break (plan, reader, first),
+            None if !plan.active && plan.next_base > at => at = plan.next_base,
+            None => return Ok(LogRead::empty(Offset(at))),
         }
-        if from.0 >= st.high_watermark(&sh.config).0 {
-            return Ok(LogRead::empty(from));
-        }
-        if let Some(hot) = read_hot(sh, &st, from.0, max_bytes) {
-            return Ok(hot);
-        }
-        plan_for(&st, &sh.config, from.0)
-    };
-    let reader = match plan.reader.clone() {
-        Some(r) => r,
-        None => segment_reader(sh, plan.base, false).await?,
-    };
-    let entry = lookup(sh, plan.base, from.0 - plan.base, false).await?;
-    let mut first: Option<ScannedBatch> = None;
-    scan_headers(&reader, u64::from(entry.pos), plan.data_end, |b| {
-        if b.header.last_offset() >= from.0 {
-            first = Some(b);
-            false
-        } else {
-            true
-        }
-    })
-    .await?;
-    let Some(first) = first else {
-        return Ok(LogRead::empty(from));
     };
     let start_pos = first.pos;
     let first_end = start_pos + first.header.total_bytes() as u64;

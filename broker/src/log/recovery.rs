@@ -74,6 +74,53 @@ fn list_segments(dir: &Path) -> Result<Vec<(u64, u64)>, LogError> {
     Ok(logs)
 }
 
+/// Completes what a crash interrupted in a compaction pass (`compact`):
+/// a `B.log.swap` is a committed rewrite, whose `.index.swap` trailer says
+/// which offsets it replaces (`[B, next_offset)`): the replaced segments
+/// still there are removed and the `.swap` files take their names. Files
+/// ending in `.cleaned` are a rewrite that never committed: removed.
+async fn finish_swaps(dir: &Path) -> Result<(), LogError> {
+    // One-off directory listing at open: glommio has no async readdir.
+    let (mut swaps, mut cleaned, mut logs) = (Vec::new(), Vec::new(), Vec::new());
+    for entry in std::fs::read_dir(dir).map_err(|e| LogError::io("listing", dir, e))? {
+        let entry = entry.map_err(|e| LogError::io("listing", dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let swap_suffix = format!(".{LOG_EXT}.{}", compact::SWAP_SUFFIX);
+        if let Some(base) = name.strip_suffix(&swap_suffix).and_then(|stem| stem.parse::<u64>().ok()) {
+            swaps.push((base, entry.metadata().map_err(|e| LogError::io("stat", &entry.path(), e))?.len()));
+        } else if name.ends_with(&format!(".{}", compact::CLEANED_SUFFIX)) {
+            cleaned.push(entry.path());
+        } else if let Some(base) = segment::parse_log_name(&name) {
+            logs.push(base);
+        }
+    }
+    for path in cleaned {
+        tracing::info!(path = %path.display(), "removing the leftover of an interrupted compaction");
+        remove_if_exists(&path).await?;
+    }
+    for (base, log_bytes) in swaps {
+        let swap = |ext| compact::temp_path(dir, base, ext, compact::SWAP_SUFFIX);
+        let Some(summary) =
+            segment::read_summary_at(&swap(INDEX_EXT), &swap(TIME_INDEX_EXT), base, log_bytes).await
+        else {
+            return Err(LogError::Corrupt {
+                path: swap(LOG_EXT),
+                what: "a committed compaction rewrite without a readable .index.swap".into(),
+            });
+        };
+        for &b in logs.iter().filter(|&&b| b >= base && b < summary.next_offset) {
+            remove_segment_files(dir, b).await?;
+        }
+        for ext in [INDEX_EXT, TIME_INDEX_EXT, LOG_EXT] {
+            glommio::io::rename(swap(ext), segment::segment_path(dir, base, ext))
+                .await
+                .map_err(|e| LogError::glommio("renaming", &swap(ext), e))?;
+        }
+        tracing::info!(dir = %dir.display(), segment = base, next_offset = summary.next_offset, "finished an interrupted compaction swap");
+    }
+    sync_dir(dir).await
+}
+
 fn read_marker(dir: &Path) -> Option<CleanMarker> {
     let path = dir.join(CLEAN_SHUTDOWN_FILE);
     let bytes = std::fs::read(&path).ok()?;
@@ -105,10 +152,18 @@ fn warn_scan(path: &Path, size: u64, scan: &Scan) {
     }
 }
 
-async fn scan_segment(dir: &Path, base: u64, size: u64, config: &TopicConfig) -> Result<Scan, LogError> {
+/// Scans sealed segment `base`; `next_base` is the next segment's base
+/// (compaction may have left gaps below it).
+async fn scan_segment(
+    dir: &Path,
+    base: u64,
+    size: u64,
+    next_base: u64,
+    config: &TopicConfig,
+) -> Result<Scan, LogError> {
     let path = segment::segment_path(dir, base, LOG_EXT);
     let reader = SegmentFile::open(&path).await?;
-    let scan = recover_scan(&reader, base, size, config.index_interval_bytes, None).await?;
+    let scan = recover_scan(&reader, base, size, config.index_interval_bytes, None, next_base).await?;
     warn_scan(&path, size, &scan);
     Ok(scan)
 }
@@ -132,6 +187,7 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
         segment::settle_iopoll_probe(&dir).await?;
     }
     check_metadata(&dir).await?;
+    finish_swaps(&dir).await?;
     let marker = read_marker(&dir);
     let mut segments = list_segments(&dir)?;
     let mut closed = VecDeque::new();
@@ -143,7 +199,7 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
         let summary = match segment::read_summary(&dir, base, size).await {
             Some(s) if s.next_offset <= next_base => s,
             _ => {
-                let scan = scan_segment(&dir, base, size, &config).await?;
+                let scan = scan_segment(&dir, base, size, next_base, &config).await?;
                 if scan.valid_bytes != size || scan.next_offset > next_base {
                     tracing::warn!(
                         dir = %dir.display(), segment = base, next_offset = scan.next_offset,
@@ -221,6 +277,8 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
             bytes_since_sync: 0,
             stats: LogStats::default(),
             open_readers: VecDeque::new(),
+            compacting: false,
+            cleaned_upto: 0,
         }),
         changed: Notify::default(),
         hot,
@@ -270,7 +328,7 @@ async fn open_last(
             }
         }
         None => {
-            let scan = recover_scan(&reader, base, size, config.index_interval_bytes, None).await?;
+            let scan = recover_scan(&reader, base, size, config.index_interval_bytes, None, 0).await?;
             warn_scan(&path, size, &scan);
             scan
         }
@@ -334,15 +392,16 @@ async fn truncate_inner(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
         let st = sh.st.borrow();
         st.closed[st.closed.partition_point(|s| s.base <= offset) - 1].base
     };
-    let size = {
+    // A sealed segment may have compaction gaps below the next one's base.
+    let (size, gaps_below) = {
         let st = sh.st.borrow();
         match st.closed.binary_search_by_key(&seg_base, |s| s.base) {
-            Ok(i) => st.closed[i].size(),
-            Err(_) => st.active.written_pos,
+            Ok(i) => (st.closed[i].size(), st.closed.get(i + 1).map_or(st.active.base, |s| s.base)),
+            Err(_) => (st.active.written_pos, 0),
         }
     };
     let reader = read::segment_reader(sh, seg_base, false).await?;
-    let scan = recover_scan(&reader, seg_base, size, interval, Some(offset)).await?;
+    let scan = recover_scan(&reader, seg_base, size, interval, Some(offset), gaps_below).await?;
     if scan.next_offset != offset {
         return Err(LogError::NotBatchBoundary { dir: sh.dir.clone(), offset: Offset(offset) });
     }

@@ -4,9 +4,14 @@
 use super::*;
 
 pub(super) async fn wait_not_rolling(sh: &Shared) {
+    wait_while(sh, |st| st.rolling).await;
+}
+
+/// Waits until `busy` is false (re-checked at each change of the log).
+pub(super) async fn wait_while(sh: &Shared, busy: impl Fn(&State) -> bool) {
     loop {
         let listen = sh.changed.listen();
-        if !sh.st.borrow().rolling {
+        if !busy(&sh.st.borrow()) {
             return;
         }
         listen.await;

@@ -313,12 +313,17 @@ pub(crate) const RECOVERY_BATCH_BYTES_MAX: usize = 1 << 30;
 /// Validates every batch (length, CRC, offset continuity) from the start of
 /// a segment and rebuilds its indexes. Stops at the first bad batch, at
 /// `file_len`, or at the batch whose base is `>= stop_at_offset`.
+///
+/// Offsets must follow on batch after batch, except that a batch starting
+/// below `gaps_below` may start after a gap: compaction removed the records
+/// between (`log::compact`). Offsets still never go backwards.
 pub(crate) async fn recover_scan(
     file: &SegmentFile,
     base: u64,
     file_len: u64,
     interval_bytes: u32,
     stop_at_offset: Option<u64>,
+    gaps_below: u64,
 ) -> Result<Scan, LogError> {
     let mut scan = Scan {
         valid_bytes: 0,
@@ -354,7 +359,7 @@ pub(crate) async fn recover_scan(
             scan.stop = ScanStop::ZeroTail;
             return Ok(scan);
         }
-        let header = match batch::validate(rest, RECOVERY_BATCH_BYTES_MAX) {
+        let header = match batch::validate_stored(rest, RECOVERY_BATCH_BYTES_MAX) {
             Ok(h) => h,
             Err(e) => {
                 scan.stop = ScanStop::Bad(e);
@@ -367,11 +372,17 @@ pub(crate) async fn recover_scan(
                 return Ok(scan);
             }
         }
-        if header.base_offset != scan.next_offset {
+        let gap_allowed = header.base_offset > scan.next_offset && header.base_offset < gaps_below;
+        if header.base_offset != scan.next_offset && !gap_allowed {
             scan.stop = ScanStop::OffsetGap { expected: scan.next_offset, found: header.base_offset };
             return Ok(scan);
         }
-        let rel = u32::try_from(header.base_offset - base).expect("relative offsets fit u32");
+        // A segment spans fewer than 2^32 offsets (rolls and merges keep it
+        // so); a base past that is damage, not a gap.
+        let Ok(rel) = u32::try_from(header.base_offset - base) else {
+            scan.stop = ScanStop::OffsetGap { expected: scan.next_offset, found: header.base_offset };
+            return Ok(scan);
+        };
         scan.index.on_batch(rel, pos, header.first_timestamp, header.max_timestamp);
         scan.valid_bytes += header.total_bytes() as u64;
         scan.next_offset = header.next_offset();
@@ -397,8 +408,23 @@ pub(crate) async fn read_index(path: &Path, entries: u32) -> Result<Vec<IndexEnt
 
 /// Reads and checks the trailer of `<base>.index` against `log_bytes`.
 pub(crate) async fn read_summary(dir: &Path, base: u64, log_bytes: u64) -> Option<SegmentSummary> {
-    let path = segment_path(dir, base, INDEX_EXT);
-    let f = SegmentFile::open(&path).await.ok()?;
+    read_summary_at(
+        &segment_path(dir, base, INDEX_EXT),
+        &segment_path(dir, base, TIME_INDEX_EXT),
+        base,
+        log_bytes,
+    )
+    .await
+}
+
+/// [`read_summary`] of index files at any path (compaction's `.swap` files).
+pub(crate) async fn read_summary_at(
+    index_path: &Path,
+    time_index_path: &Path,
+    base: u64,
+    log_bytes: u64,
+) -> Option<SegmentSummary> {
+    let f = SegmentFile::open(index_path).await.ok()?;
     let len = f.file.file_size().await.ok()?;
     let trailer = if len >= index::TRAILER_BYTES as u64 {
         f.read_bytes(len - index::TRAILER_BYTES as u64, index::TRAILER_BYTES).await.ok()
@@ -407,7 +433,7 @@ pub(crate) async fn read_summary(dir: &Path, base: u64, log_bytes: u64) -> Optio
     };
     close_quietly(f).await;
     let summary = index::decode_trailer(&trailer?, len)?;
-    let time_len = std::fs::metadata(segment_path(dir, base, TIME_INDEX_EXT)).ok()?.len();
+    let time_len = std::fs::metadata(time_index_path).ok()?.len();
     let time_ok = time_len == u64::from(summary.time_entries) * index::TIME_ENTRY_BYTES as u64;
     (summary.log_bytes == log_bytes && time_ok && summary.next_offset >= base).then_some(summary)
 }
