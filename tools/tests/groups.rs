@@ -142,3 +142,182 @@ fn a_live_member_blocks_reset_and_delete_until_sigterm() {
     let list = broker.ok(&["group", "list"], "");
     assert!(!list.lines().any(|l| l.starts_with("watchers\t")), "{list}");
 }
+
+/// A `consume --group` process and what it printed so far.
+struct Member {
+    child: std::process::Child,
+    rx: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Member {
+    fn spawn(broker: &Broker, args: &[&str]) -> Member {
+        let mut child = broker
+            .cli(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn consume --group");
+        let rx = lines_of(child.stdout.take().expect("stdout"));
+        Member { child, rx, seen: Vec::new() }
+    }
+
+    fn drain(&mut self) {
+        while let Ok(line) = self.rx.try_recv() {
+            self.seen.push(line);
+        }
+    }
+
+    fn seen_set(&self) -> BTreeSet<String> {
+        self.seen.iter().cloned().collect()
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Produces `m<i>` keyed by `k<i>`, so the records spread over partitions.
+fn produce_keyed(broker: &Broker, topic: &str, range: std::ops::Range<u32>) -> BTreeSet<String> {
+    let lines: Vec<String> = range.clone().map(|i| format!("k{i}:m{i:04}")).collect();
+    broker.ok(&["produce", topic, "--key-separator", ":"], &(lines.join("\n") + "\n"));
+    range.map(|i| format!("m{i:04}")).collect()
+}
+
+fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn stable_with(broker: &Broker, group: &str, members: usize) -> bool {
+    let out = broker.run(&["group", "describe", group, "--output", "json"], "");
+    if !out.status.success() {
+        return false; // not created yet
+    }
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    d["state"] == "Stable" && d["members"].as_array().map_or(0, Vec::len) == members
+}
+
+/// Two members split a topic, each record to one of them; one is killed
+/// with SIGKILL: the coordinator expels it after its session timeout, the
+/// survivor takes its partitions from their last commit, and nothing is
+/// lost (at-least-once: only what the dead member printed after its last
+/// commit is printed again).
+#[test]
+fn a_killed_member_is_expelled_and_the_survivor_loses_nothing() {
+    let broker = start();
+    broker.ok(&["topic", "create", "work", "--partitions", "4"], "");
+    let args = ["consume", "work", "--group", "crew", "--from-beginning", "--session-timeout-ms", "1500"];
+    let mut a = Member::spawn(&broker, &args);
+    let mut b = Member::spawn(&broker, &args);
+    wait_until("two stable members", COMMAND_DEADLINE, || stable_with(&broker, "crew", 2));
+    let first = produce_keyed(&broker, "work", 0..200);
+    wait_until("the first batch", COMMAND_DEADLINE, || {
+        a.drain();
+        b.drain();
+        a.seen_set().union(&b.seen_set()).cloned().collect::<BTreeSet<_>>() == first
+    });
+    assert!(!a.seen.is_empty() && !b.seen.is_empty(), "both members got partitions");
+    assert!(a.seen_set().is_disjoint(&b.seen_set()), "every record went to exactly one member");
+    assert_eq!(a.seen.len() + b.seen.len(), first.len());
+
+    // Idle for a while, each member commits what it printed; then a batch
+    // the killed member prints but (most likely) has not committed yet.
+    std::thread::sleep(Duration::from_millis(2500));
+    let mid = produce_keyed(&broker, "work", 200..300);
+    wait_until("the middle batch", COMMAND_DEADLINE, || {
+        a.drain();
+        b.drain();
+        a.seen_set().union(&b.seen_set()).cloned().collect::<BTreeSet<_>>()
+            == first.union(&mid).cloned().collect()
+    });
+    a.child.kill().expect("SIGKILL a member");
+    let killed = Instant::now();
+    let b_before = b.seen.len();
+    let last = produce_keyed(&broker, "work", 300..400);
+    wait_until("the survivor to print the last batch", COMMAND_DEADLINE, || {
+        b.drain();
+        b.seen_set().is_superset(&last)
+    });
+    let took = killed.elapsed();
+    eprintln!("a member killed with SIGKILL: its partitions were consumed again after {took:?}");
+    assert!(took >= Duration::from_millis(1000), "not before the session timeout ran out ({took:?})");
+    assert!(stable_with(&broker, "crew", 1));
+    a.drain();
+    let again: Vec<&String> = b.seen[b_before..].iter().filter(|l| !last.contains(*l)).collect();
+    assert!(again.iter().all(|l| mid.contains(*l) && a.seen.contains(l)), "re-delivered: {again:?}");
+    eprintln!(
+        "re-delivered after the kill: {} records (the dead member printed {} of the middle batch)",
+        again.len(),
+        a.seen.iter().filter(|l| mid.contains(*l)).count()
+    );
+    let all: BTreeSet<String> = a.seen_set().union(&b.seen_set()).cloned().collect();
+    assert_eq!(all.len(), 400, "nothing lost");
+    signal_and_wait(&mut b.child, "-TERM", "the survivor on SIGTERM");
+    let d = describe(&broker, "crew");
+    assert_eq!(committed_total(&d), 400, "{d}");
+}
+
+/// A static member killed and restarted within its session timeout gets
+/// its partitions back: same generation (no rebalance), same assignment,
+/// the other member undisturbed.
+#[test]
+fn a_static_member_restarted_in_time_keeps_its_partitions_without_a_rebalance() {
+    let broker = start();
+    broker.ok(&["topic", "create", "pinned", "--partitions", "4"], "");
+    let member = |id: &str| {
+        Member::spawn(
+            &broker,
+            &["consume", "pinned", "--group", "statics", "--instance-id", id, "--session-timeout-ms", "8000"],
+        )
+    };
+    let mut a = member("a");
+    let mut b = member("b");
+    wait_until("two stable members", COMMAND_DEADLINE, || stable_with(&broker, "statics", 2));
+    let assignment_of = |d: &serde_json::Value, instance: &str| -> serde_json::Value {
+        d["members"].as_array().unwrap().iter().find(|m| m["instance_id"] == instance).expect("member")
+            ["assignment"]
+            .clone()
+    };
+    let before = describe(&broker, "statics");
+    a.child.kill().expect("SIGKILL the static member");
+    let mut a2 = member("a");
+    // The restarted member prints records of its partitions again.
+    let batch = produce_keyed(&broker, "pinned", 0..100);
+    wait_until("the group to print the batch", COMMAND_DEADLINE, || {
+        a2.drain();
+        b.drain();
+        a2.seen_set().union(&b.seen_set()).cloned().collect::<BTreeSet<_>>() == batch
+    });
+    assert!(!a2.seen.is_empty(), "the restarted member consumes");
+    let after = describe(&broker, "statics");
+    assert_eq!(after["generation"], before["generation"], "no rebalance: {before} -> {after}");
+    assert_eq!(assignment_of(&after, "a"), assignment_of(&before, "a"));
+    assert_eq!(assignment_of(&after, "b"), assignment_of(&before, "b"));
+    a.drain();
+    assert!(a.seen.is_empty());
+}
+
+/// Committed offsets survive a broker SIGKILL: after the restart the group
+/// resumes exactly at its commit.
+#[test]
+fn committed_offsets_survive_a_broker_sigkill() {
+    let mut broker = start();
+    broker.ok(&["topic", "create", "durable", "--partitions", "3"], "");
+    let first = produce_keyed(&broker, "durable", 0..100);
+    let out = broker
+        .ok(&["consume", "durable", "--group", "keep", "--from-beginning", "--max-messages", "100"], "");
+    assert_eq!(out.lines().map(str::to_string).collect::<BTreeSet<_>>(), first);
+    let second = produce_keyed(&broker, "durable", 100..150);
+    broker.kill_and_restart();
+    let out = broker.ok(&["consume", "durable", "--group", "keep", "--idle-timeout-ms", "3000"], "");
+    let got: Vec<String> = out.lines().map(str::to_string).collect();
+    assert_eq!(got.len(), second.len(), "exactly the records after the commit: {got:?}");
+    assert_eq!(got.into_iter().collect::<BTreeSet<_>>(), second);
+}

@@ -62,6 +62,7 @@ pub struct Broker {
     pub child: Child,
     pub listen: String,
     pub dir: tempfile::TempDir,
+    extra: Vec<String>,
 }
 
 impl Broker {
@@ -70,7 +71,18 @@ impl Broker {
         let dir = tempfile::tempdir().expect("tempdir");
         let (child, ready) = serve_with(dir.path(), 2, extra);
         let listen = ready.listen;
-        Broker { child, listen, dir }
+        Broker { child, listen, dir, extra: extra.iter().map(|s| s.to_string()).collect() }
+    }
+
+    /// SIGKILLs the broker and starts it again on the same data directory
+    /// with the same flags (new ports: `listen` changes).
+    pub fn kill_and_restart(&mut self) {
+        self.child.kill().expect("SIGKILL the broker");
+        self.child.wait().expect("reap the broker");
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        let (child, ready) = serve_with(self.dir.path(), 2, &extra);
+        self.child = child;
+        self.listen = ready.listen;
     }
 
     pub fn cli(&self, args: &[&str]) -> Command {
