@@ -743,6 +743,9 @@ fn resolve(p: &str) -> PathBuf {
 /// the partitions; returned with its subscription index.
 async fn make_consumers(run: &Run, seek: SeekTo) -> anyhow::Result<Vec<(Consumer, u32)>> {
     let w = &run.w;
+    if let Some(group) = &w.group {
+        return make_group_consumers(run, group).await;
+    }
     let mut out = Vec::new();
     for topic in &run.topics {
         for s in 0..w.subscriptions_per_topic {
@@ -767,6 +770,66 @@ async fn make_consumers(run: &Run, seek: SeekTo) -> anyhow::Result<Vec<(Consumer
                 out.push((c, s));
             }
         }
+    }
+    Ok(out)
+}
+
+/// `Workload::group`: every consumer subscribes; returns once each group
+/// is stable (one generation, every partition assigned), so the clock
+/// starts with the partitions split. Records produced before the start
+/// would be missed, and there are none: this runs before the producers.
+async fn make_group_consumers(run: &Run, group: &str) -> anyhow::Result<Vec<(Consumer, u32)>> {
+    let w = &run.w;
+    let mut joining = Vec::new();
+    for topic in &run.topics {
+        for s in 0..w.subscriptions_per_topic {
+            let group_id = format!("{group}-{topic}-{s}");
+            let state = Arc::new(Mutex::new(vec![None; w.consumer_per_subscription as usize]));
+            for m in 0..w.consumer_per_subscription {
+                let cfg = ConsumerConfig {
+                    client: client_config(run, &format!("consumer-{s}-{m}")),
+                    fetch_max_wait_ms: w.consumer.fetch_max_wait_ms as u32,
+                    fetch_min_bytes: w.consumer.fetch_min_bytes as u32,
+                    fetch_max_bytes: w.consumer.fetch_max_bytes as u32,
+                    partition_max_bytes: w.consumer.partition_max_bytes as u32,
+                    offset_reset: shardlog_client::OffsetReset::Latest,
+                    group: Some(shardlog_client::GroupSettings::new(group_id.clone())),
+                };
+                let mut c = Consumer::new(cfg).await.context("create consumer")?;
+                c.subscribe(std::slice::from_ref(topic)).await.context("subscribe")?;
+                let (state, partitions, group_id) =
+                    (state.clone(), w.partitions_per_topic as usize, group_id.clone());
+                joining.push(tokio::spawn(async move {
+                    let deadline = Instant::now() + Duration::from_secs(120);
+                    loop {
+                        let records =
+                            c.poll(Duration::from_millis(20)).await.context("poll while joining")?;
+                        if !records.is_empty() {
+                            bail!("records arrived before the producers started");
+                        }
+                        let me = c.group_member().map(|(g, _)| (g, c.assignment().len()));
+                        let stable = {
+                            let mut st = state.lock().expect("join state");
+                            st[m as usize] = me;
+                            let gens: Vec<i32> = st.iter().flatten().map(|(g, _)| *g).collect();
+                            gens.len() == st.len()
+                                && gens.iter().all(|g| *g == gens[0])
+                                && st.iter().flatten().map(|(_, n)| n).sum::<usize>() == partitions
+                        };
+                        if stable {
+                            return Ok((c, s));
+                        }
+                        if Instant::now() > deadline {
+                            bail!("group {group_id} did not become stable in 120 s");
+                        }
+                    }
+                }));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for j in joining {
+        out.push(j.await.context("joining task")??);
     }
     Ok(out)
 }

@@ -159,6 +159,12 @@ pub struct Workload {
     /// Extra topic configs (Kafka names: `segment.bytes`, `retention.bytes`, ...).
     #[serde(default)]
     pub topic_config: BTreeMap<String, String>,
+    /// Consumers join consumer groups instead of being assigned partitions
+    /// by the harness: subscription `s` of topic `t` is group
+    /// `<group>-<t>-<s>` (the broker's coordinator splits the partitions,
+    /// the members auto-commit). Not with a backlog.
+    #[serde(default)]
+    pub group: Option<String>,
     #[serde(default)]
     pub producer: ProducerTuning,
     #[serde(default)]
@@ -253,6 +259,9 @@ impl Workload {
             && self.key_count == 0
         {
             bail!("key_count must be > 0");
+        }
+        if self.group.is_some() && self.backlog_bytes() > 0 {
+            bail!("group consumers are measured from the log end: no consumer_backlog_size_gb with a group");
         }
         if self.consumer_start == ConsumerStart::Spread && self.backlog_bytes() == 0 {
             bail!("consumer_start = \"spread\" needs consumer_backlog_size_gb > 0");
