@@ -739,6 +739,19 @@ fn resolve(p: &str) -> PathBuf {
     }
 }
 
+/// The workload's consumer tuning, named `name`.
+fn consumer_config(run: &Run, name: &str) -> ConsumerConfig {
+    let c = &run.w.consumer;
+    ConsumerConfig {
+        client: client_config(run, name),
+        fetch_max_wait_ms: c.fetch_max_wait_ms as u32,
+        fetch_min_bytes: c.fetch_min_bytes as u32,
+        fetch_max_bytes: c.fetch_max_bytes as u32,
+        partition_max_bytes: c.partition_max_bytes as u32,
+        ..ConsumerConfig::default()
+    }
+}
+
 /// One consumer per (topic, subscription, member), each with its share of
 /// the partitions; returned with its subscription index.
 async fn make_consumers(run: &Run, seek: SeekTo) -> anyhow::Result<Vec<(Consumer, u32)>> {
@@ -757,14 +770,7 @@ async fn make_consumers(run: &Run, seek: SeekTo) -> anyhow::Result<Vec<(Consumer
                 if parts.is_empty() {
                     continue;
                 }
-                let cfg = ConsumerConfig {
-                    client: client_config(run, &format!("consumer-{s}-{m}")),
-                    fetch_max_wait_ms: w.consumer.fetch_max_wait_ms as u32,
-                    fetch_min_bytes: w.consumer.fetch_min_bytes as u32,
-                    fetch_max_bytes: w.consumer.fetch_max_bytes as u32,
-                    partition_max_bytes: w.consumer.partition_max_bytes as u32,
-                    ..ConsumerConfig::default()
-                };
+                let cfg = consumer_config(run, &format!("consumer-{s}-{m}"));
                 let mut c = Consumer::new(cfg).await.context("create consumer")?;
                 c.assign(&parts, seek).await.context("assign partitions")?;
                 out.push((c, s));
@@ -787,13 +793,9 @@ async fn make_group_consumers(run: &Run, group: &str) -> anyhow::Result<Vec<(Con
             let state = Arc::new(Mutex::new(vec![None; w.consumer_per_subscription as usize]));
             for m in 0..w.consumer_per_subscription {
                 let cfg = ConsumerConfig {
-                    client: client_config(run, &format!("consumer-{s}-{m}")),
-                    fetch_max_wait_ms: w.consumer.fetch_max_wait_ms as u32,
-                    fetch_min_bytes: w.consumer.fetch_min_bytes as u32,
-                    fetch_max_bytes: w.consumer.fetch_max_bytes as u32,
-                    partition_max_bytes: w.consumer.partition_max_bytes as u32,
                     offset_reset: shardlog_client::OffsetReset::Latest,
                     group: Some(shardlog_client::GroupSettings::new(group_id.clone())),
+                    ..consumer_config(run, &format!("consumer-{s}-{m}"))
                 };
                 let mut c = Consumer::new(cfg).await.context("create consumer")?;
                 c.subscribe(std::slice::from_ref(topic)).await.context("subscribe")?;
