@@ -5,6 +5,7 @@
 //! shardlog-bench limits [--quick]          # fio, iperf3, memcpy -> perf-reports/limits/
 //! shardlog-bench readme                    # regenerate the table in perf-reports/README.md
 //! shardlog-bench validate REPORT.json      # check a report (CI smoke run)
+//! shardlog-bench groups --out perf-reports # rebalance, commits/s, offsets compaction
 //! ```
 //!
 //! Module map, in the order a run uses them: `workload` (TOML) → `broker`
@@ -16,6 +17,7 @@
 
 mod broker;
 mod env;
+mod groups;
 mod hist;
 mod limits;
 mod order;
@@ -48,6 +50,9 @@ enum Cmd {
     Readme(ReadmeArgs),
     /// Check that a report file parses and holds sane results.
     Validate { report: PathBuf },
+    /// Consumer-group benchmarks: rebalance time, commits per second,
+    /// compaction of the offsets topic.
+    Groups(groups::GroupsArgs),
 }
 
 /// Options of `run`.
@@ -164,6 +169,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Readme(a) => update_readme(&a.out),
+        Cmd::Groups(a) => groups::run(&a),
         Cmd::Validate { report } => {
             let r = report::load_and_validate(&report)?;
             println!(

@@ -35,6 +35,8 @@ pub struct TopicDescription {
 /// The admin client.
 pub struct Admin {
     cluster: Arc<Cluster>,
+    /// Per group id, its client (which caches the coordinator's connection).
+    groups: std::sync::Mutex<std::collections::HashMap<String, Arc<GroupClient>>>,
 }
 
 fn check_results(results: Vec<TopicResult>, name: &str) -> Result<()> {
@@ -53,7 +55,7 @@ fn check_results(results: Vec<TopicResult>, name: &str) -> Result<()> {
 
 impl Admin {
     pub async fn connect(config: ClientConfig) -> Result<Admin> {
-        Ok(Admin { cluster: Cluster::connect(config, None).await? })
+        Ok(Admin { cluster: Cluster::connect(config, None).await?, groups: Default::default() })
     }
 
     /// Creates a topic with `partitions` partitions and `name=value` settings
@@ -142,8 +144,15 @@ impl Admin {
 }
 
 impl Admin {
-    fn group(&self, group: &str) -> GroupClient {
-        GroupClient::new(self.cluster.clone(), group.to_string())
+    /// The group's client, kept so that repeated calls reuse the
+    /// coordinator connection (one FindCoordinator per group, again only
+    /// after `NotCoordinator`).
+    fn group(&self, group: &str) -> Arc<GroupClient> {
+        let mut groups = self.groups.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        groups
+            .entry(group.to_string())
+            .or_insert_with(|| Arc::new(GroupClient::new(self.cluster.clone(), group.to_string())))
+            .clone()
     }
 
     /// Every consumer group, sorted by id.
@@ -160,6 +169,15 @@ impl Admin {
     /// The group's committed offsets (with each partition's log end).
     pub async fn group_offsets(&self, group: &str) -> Result<Vec<CommittedOffset>> {
         self.group(group).fetch_offsets(None).await
+    }
+
+    /// The group's committed offsets of `partitions` only.
+    pub async fn group_offsets_of(
+        &self,
+        group: &str,
+        partitions: &[(String, u32)],
+    ) -> Result<Vec<CommittedOffset>> {
+        self.group(group).fetch_offsets(Some(partitions)).await
     }
 
     /// Sets committed offsets of a group from outside it: the coordinator
