@@ -325,6 +325,9 @@ async fn run_async(a: &GroupsArgs) -> anyhow::Result<()> {
         let total = so_far + per_task * a.tasks as u64;
         eprintln!("{total} commits in all ({:.1} s for the rest)", t.elapsed().as_secs_f64());
         let before = dir_bytes(&offsets_dir);
+        let p = shardlog_schema::types::group_partition("committer", 16);
+        let d = admin.describe_topic(shardlog_schema::types::OFFSETS_TOPIC).await?;
+        let log_end = d.partitions.iter().find(|x| x.partition == p.0).map_or(0, |x| x.end_offset);
         // The broker's compaction check runs every second.
         tokio::time::sleep(Duration::from_secs(5)).await;
         let after = dir_bytes(&offsets_dir);
@@ -343,7 +346,7 @@ async fn run_async(a: &GroupsArgs) -> anyhow::Result<()> {
         if !ok {
             bail!("after the restart the group's offsets are not the last ones committed");
         }
-        compaction = Some((total, before, after));
+        compaction = Some((total, before, after, log_end));
         b = b2;
     }
     drop(b);
@@ -359,8 +362,8 @@ async fn run_async(a: &GroupsArgs) -> anyhow::Result<()> {
         "tasks": a.tasks, "seconds": a.seconds, "shards": a.shards, "offsets_segment_bytes": a.offsets_segment_bytes,
         "commits_per_s": commits_per_s, "commit_broker_cpu_us": commit_cpu_us,
         "offset_fetches_per_s": fetches_per_s, "offset_fetch_broker_cpu_us": fetch_cpu_us,
-        "compaction": compaction.map(|(n, before, after)| serde_json::json!({
-            "commits": n, "keys": a.tasks, "offsets_partition_bytes_before_check": before,
+        "compaction": compaction.map(|(n, before, after, log_end)| serde_json::json!({
+            "commits": n, "offsets_partition_log_end": log_end, "keys": a.tasks, "offsets_partition_bytes_before_check": before,
             "offsets_partition_bytes_after_check": after, "restart_recovered_latest": true,
         })),
     });
@@ -385,10 +388,11 @@ async fn run_async(a: &GroupsArgs) -> anyhow::Result<()> {
         a.members, rb.initial_s, a.tasks,
         commits_per_s, commit_cpu_us, fetches_per_s, fetch_cpu_us, 100.0 * commits_per_s / fetches_per_s,
     );
-    if let Some((n, before, after)) = compaction {
+    if let Some((n, before, after, log_end)) = compaction {
         md.push_str(&format!(
             "\n## Compaction\n\n{n} commits over {} keys, offsets topic segments of {} bytes: the group's offsets \
-             partition occupied {before} bytes on disk right after the last commit and {after} bytes once the compaction check had run; after a broker restart the group's offsets were the last ones \
+             partition occupied {before} bytes on disk right after the last commit and {after} bytes once the compaction check had run, for a log of {log_end} records (its end offset: every commit \
+             appended); after a broker restart the group's offsets were the last ones \
              committed.\n",
             a.tasks,
             a.offsets_segment_bytes,
