@@ -274,7 +274,19 @@ fn a_static_member_restarted_in_time_keeps_its_partitions_without_a_rebalance() 
     let member = |id: &str| {
         Member::spawn(
             &broker,
-            &["consume", "pinned", "--group", "statics", "--instance-id", id, "--session-timeout-ms", "8000"],
+            // From the beginning: the restarted member has nothing committed
+            // yet and may join after the batch below is produced.
+            &[
+                "consume",
+                "pinned",
+                "--group",
+                "statics",
+                "--from-beginning",
+                "--instance-id",
+                id,
+                "--session-timeout-ms",
+                "8000",
+            ],
         )
     };
     let mut a = member("a");
