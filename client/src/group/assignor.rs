@@ -664,10 +664,13 @@ mod tests {
 
         const TOPICS: [&str; 3] = ["t", "u", "v"];
 
-        /// Partition counts per topic, and per member a subscription mask
-        /// and claims (topic index, partition), some out of range, some
-        /// shared with other members.
-        fn group() -> impl Strategy<Value = (Vec<u32>, Vec<(u8, Vec<(usize, u32)>)>)> {
+        /// A member: a subscription mask over `TOPICS` and its claims
+        /// (topic index, partition), some out of range, some shared with
+        /// other members.
+        type Member = (u8, Vec<(usize, u32)>);
+
+        /// Partition counts per topic, and the members.
+        fn group() -> impl Strategy<Value = (Vec<u32>, Vec<Member>)> {
             (
                 prop::collection::vec(0..10u32, 3),
                 prop::collection::vec((1..8u8, prop::collection::vec((0..3usize, 0..12u32), 0..8)), 1..7),
@@ -676,7 +679,7 @@ mod tests {
 
         fn build(
             counts: &[u32],
-            members: &[(u8, Vec<(usize, u32)>)],
+            members: &[Member],
             same_topics: bool,
         ) -> (Vec<MemberSubscription>, BTreeMap<String, u32>) {
             let parts = TOPICS.iter().zip(counts).map(|(t, c)| (t.to_string(), *c)).collect();
