@@ -126,8 +126,14 @@ pub struct Consumer {
     /// Resets not yet taken by [`Consumer::take_resets`] (bounded: one
     /// per assigned partition and poll at most, see `take_resets`).
     resets: Vec<PositionReset>,
-    /// The group membership, once subscribed (`group_member.rs`).
+    /// The group membership, once subscribed (`consumer_group.rs`).
     pub(crate) member: Option<crate::consumer_group::Member>,
+}
+
+/// What `poll` woke up for.
+enum Wake {
+    Fetched(std::result::Result<Option<FetchOutcome>, tokio::time::error::Elapsed>),
+    Joined(crate::consumer_group::JoinResult),
 }
 
 /// Resets kept for `take_resets` at most; older ones are dropped.
@@ -179,6 +185,49 @@ impl Consumer {
         given: &[Option<u64>],
         start: SeekTo,
     ) -> Result<()> {
+        let states = self.start_states(partitions, given, start).await?;
+        self.stop_all_tasks();
+        self.parts = states.into_iter().collect();
+        Ok(())
+    }
+
+    /// Adds `partitions` (not assigned yet) to the assignment, each at its
+    /// given offset or at `start`; the assigned ones keep their positions.
+    pub(crate) async fn add_at(
+        &mut self,
+        partitions: &[(String, u32)],
+        given: &[Option<u64>],
+        start: SeekTo,
+    ) -> Result<()> {
+        for (key, state) in self.start_states(partitions, given, start).await? {
+            // The shard's fetch task restarts with the new set at the next send.
+            if let Some(addr) = &state.leader {
+                self.stop_task(addr);
+            }
+            let (t, p) = (key.0.clone(), key.1);
+            assert!(self.parts.insert(key, state).is_none(), "{t}/{p} was added while assigned");
+        }
+        Ok(())
+    }
+
+    /// Takes `partitions` out of the assignment; the others keep their
+    /// positions (a fetch task that served one restarts without it).
+    pub(crate) fn unassign(&mut self, partitions: &[(String, u32)]) {
+        for (t, p) in partitions {
+            if let Some(addr) = self.parts.remove(&(Arc::from(t.as_str()), *p)).and_then(|s| s.leader) {
+                self.stop_task(&addr);
+            }
+        }
+    }
+
+    /// The state of each of `partitions` at its given offset or at `start`
+    /// (checks that each has a leader).
+    async fn start_states(
+        &mut self,
+        partitions: &[(String, u32)],
+        given: &[Option<u64>],
+        start: SeekTo,
+    ) -> Result<Vec<((Arc<str>, u32), PartState)>> {
         let mut topics: Vec<String> = partitions.iter().map(|(t, _)| t.clone()).collect();
         topics.sort();
         topics.dedup();
@@ -195,23 +244,20 @@ impl Consumer {
         let mut resolved = self.resolve(&unknown, start).await?.into_iter();
         let positions: Vec<u64> =
             given.iter().map(|g| g.or_else(|| resolved.next()).unwrap_or_default()).collect();
-        self.stop_all_tasks();
-        self.parts.clear();
+        let mut states = Vec::with_capacity(partitions.len());
         for ((t, p), position) in partitions.iter().zip(positions) {
-            let generation = self.bump();
-            self.parts.insert(
-                (Arc::from(t.as_str()), *p),
-                PartState {
-                    topic: Arc::from(t.as_str()),
-                    position,
-                    generation,
-                    leader: md.leader_addr(t, *p).ok(),
-                    needs_reset: None,
-                    high_watermark: -1,
-                },
-            );
+            let topic: Arc<str> = Arc::from(t.as_str());
+            let state = PartState {
+                topic: topic.clone(),
+                position,
+                generation: self.bump(),
+                leader: md.leader_addr(t, *p).ok(),
+                needs_reset: None,
+                high_watermark: -1,
+            };
+            states.push(((topic, *p), state));
         }
-        Ok(())
+        Ok(states)
     }
 
     fn bump(&mut self) -> u64 {
@@ -288,16 +334,32 @@ impl Consumer {
     /// arrive, or an empty vector once `timeout` passes.
     pub async fn poll(&mut self, timeout: Duration) -> Result<Vec<ConsumerRecord>> {
         let deadline = tokio::time::Instant::now() + timeout;
-        if self.member.is_some() {
-            self.maintain_group().await?;
-        }
         let mut out = Vec::new();
         loop {
+            // `out` is empty here: what an auto-commit commits was returned.
+            if self.member.is_some() {
+                self.maintain_group().await?;
+            }
             self.send_fetches().await?;
-            let outcome = match tokio::time::timeout_at(deadline, self.results_rx.recv()).await {
-                Ok(Some(o)) => o,
-                Ok(None) => return Err(ClientError::Closed),
-                Err(_) => return Ok(out),
+            let fetched = tokio::time::timeout_at(deadline, self.results_rx.recv());
+            // A join in flight (the group rebalances): fetching what the
+            // member kept goes on until the new generation is applied.
+            let wake = match self.member.as_mut().and_then(|m| m.joining.as_mut()) {
+                None => Wake::Fetched(fetched.await),
+                Some(join) => tokio::select! {
+                    f = fetched => Wake::Fetched(f),
+                    j = join => Wake::Joined(j),
+                },
+            };
+            let outcome = match wake {
+                Wake::Fetched(Ok(Some(o))) => o,
+                Wake::Fetched(Ok(None)) => return Err(ClientError::Closed),
+                Wake::Fetched(Err(_)) => return Ok(out),
+                Wake::Joined(j) => {
+                    self.member.as_mut().expect("joining").joining = None;
+                    self.joined(j).await?;
+                    continue;
+                }
             };
             self.absorb(outcome, &mut out).await?;
             while let Ok(o) = self.results_rx.try_recv() {

@@ -1,17 +1,20 @@
 //! Consumer groups end to end against a real in-process broker: members
 //! split partitions, groups each see everything, commits survive restarts,
-//! a member that vanishes is expelled and its partitions move.
+//! a member that vanishes is expelled and its partitions move; with
+//! cooperative-sticky, members that join or leave move only the partitions
+//! that have to move while the others keep consuming.
 
 mod common;
 
 use common::*;
 use shardlog_client::{
-    Admin, Consumer, ConsumerConfig, GroupSettings, OffsetReset, Producer, ProducerRecord,
+    Admin, Consumer, ConsumerConfig, GroupSettings, OffsetReset, Producer, ProducerRecord, RebalanceListener,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::time::Instant;
 
 fn settings(group: &str) -> GroupSettings {
     GroupSettings {
@@ -40,12 +43,38 @@ async fn produce(broker: &TestBroker, topic: &str, partitions: u32, per_partitio
     producer.flush().await.expect("flush");
 }
 
-/// What a member task saw: (partition, offset) of every record, and the
-/// assignments it had.
+/// What a member task saw: (partition, offset) of every record (and when
+/// it arrived), the assignments it had, its generation, and the calls of
+/// its rebalance listener.
 #[derive(Default)]
 struct Seen {
     records: Vec<(u32, u64)>,
+    arrived: Vec<(Instant, u32)>,
     assignments: Vec<Vec<(String, u32)>>,
+    generation: Option<i32>,
+    calls: Vec<Call>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Call {
+    Revoked(Vec<(String, u32)>),
+    Assigned(Vec<(String, u32)>),
+    Lost(Vec<(String, u32)>),
+}
+
+/// Records the listener's calls into the member's `Seen`.
+struct Recorder(Arc<Mutex<Seen>>);
+
+impl RebalanceListener for Recorder {
+    fn on_revoked(&mut self, partitions: &[(String, u32)]) {
+        self.0.lock().unwrap().calls.push(Call::Revoked(partitions.to_vec()));
+    }
+    fn on_assigned(&mut self, partitions: &[(String, u32)]) {
+        self.0.lock().unwrap().calls.push(Call::Assigned(partitions.to_vec()));
+    }
+    fn on_lost(&mut self, partitions: &[(String, u32)]) {
+        self.0.lock().unwrap().calls.push(Call::Lost(partitions.to_vec()));
+    }
 }
 
 /// Polls as a group member until `stop`; `close` at the end leaves cleanly
@@ -61,14 +90,18 @@ fn spawn_member(
     tokio::spawn(async move {
         let mut c = Consumer::new(config).await.expect("consumer");
         c.subscribe(&[topic]).await.expect("subscribe");
+        c.set_rebalance_listener(Box::new(Recorder(seen.clone()))).expect("listener");
         while !stop.load(Ordering::Relaxed) {
             let records = c.poll(Duration::from_millis(100)).await.expect("poll");
+            let now = Instant::now();
             let mut s = seen.lock().unwrap();
             let a = c.assignment();
             if s.assignments.last() != Some(&a) {
                 s.assignments.push(a);
             }
+            s.generation = c.group_member().map(|(g, _)| g);
             s.records.extend(records.iter().map(|r| (r.partition, r.offset)));
+            s.arrived.extend(records.iter().map(|r| (now, r.partition)));
         }
         if close {
             c.close().await.expect("close");
@@ -249,4 +282,227 @@ async fn a_member_that_vanishes_is_expelled_and_its_partitions_move_without_loss
     for (p, offsets) in &per_partition {
         assert_eq!(offsets.len(), 40, "partition {p}: nothing lost");
     }
+}
+
+fn cooperative(group: &str) -> GroupSettings {
+    GroupSettings { assignors: vec!["cooperative-sticky".into()], ..settings(group) }
+}
+
+/// Sends to every partition in turn until `stop`; returns the (partition,
+/// offset) of every acknowledged record.
+fn spawn_producer(
+    broker: &TestBroker,
+    topic: &str,
+    partitions: u32,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<(u32, u64)>> {
+    let (config, topic) = (producer_config(broker), topic.to_string());
+    tokio::spawn(async move {
+        let producer = Producer::new(config).await.expect("producer");
+        let mut acked = Vec::new();
+        for i in 0.. {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let record = ProducerRecord::new(&topic, b(&format!("r{i}"))).with_partition(i % partitions);
+            let meta = producer.send_and_wait(record).await.expect("acknowledged");
+            acked.push((meta.partition, meta.offset));
+            if i % partitions == partitions - 1 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        acked
+    })
+}
+
+type Partitions = BTreeSet<(String, u32)>;
+
+fn last_assignment(seen: &Arc<Mutex<Seen>>) -> Partitions {
+    seen.lock().unwrap().assignments.last().cloned().unwrap_or_default().into_iter().collect()
+}
+
+/// Every member in one generation, holding `counts` partitions (sorted),
+/// all of them different.
+fn settled(seen: &[Arc<Mutex<Seen>>], counts: &[usize]) -> bool {
+    let assignments: Vec<BTreeSet<(String, u32)>> = seen.iter().map(last_assignment).collect();
+    let mut sizes: Vec<usize> = assignments.iter().map(BTreeSet::len).collect();
+    sizes.sort_unstable();
+    let generations: BTreeSet<Option<i32>> = seen.iter().map(|s| s.lock().unwrap().generation).collect();
+    let distinct: BTreeSet<&(String, u32)> = assignments.iter().flatten().collect();
+    sizes == counts && generations.len() == 1 && distinct.len() == counts.iter().sum::<usize>()
+}
+
+fn calls_so_far(seen: &[Arc<Mutex<Seen>>]) -> Vec<usize> {
+    seen.iter().map(|s| s.lock().unwrap().calls.len()).collect()
+}
+
+/// The partitions given to and taken from a member by its listener calls
+/// `calls` (indices); panics on a lost partition.
+fn moves(seen: &Arc<Mutex<Seen>>, calls: std::ops::Range<usize>) -> (Partitions, Partitions) {
+    let (mut assigned, mut revoked) = (BTreeSet::new(), BTreeSet::new());
+    for call in &seen.lock().unwrap().calls[calls] {
+        match call {
+            Call::Assigned(ps) => assigned.extend(ps.iter().cloned()),
+            Call::Revoked(ps) => revoked.extend(ps.iter().cloned()),
+            Call::Lost(ps) => panic!("partitions lost: {ps:?}"),
+        }
+    }
+    (assigned, revoked)
+}
+
+/// The records `seen` received on `partition` between `from` and `to`.
+fn arrived_between(seen: &Arc<Mutex<Seen>>, partition: u32, from: Instant, to: Instant) -> usize {
+    seen.lock().unwrap().arrived.iter().filter(|(at, p)| *p == partition && (from..=to).contains(at)).count()
+}
+
+/// The longest stretch between `from` and `to` in which `seen` received no
+/// record on `partitions`.
+fn longest_silence(
+    seen: &Arc<Mutex<Seen>>,
+    partitions: &BTreeSet<(String, u32)>,
+    from: Instant,
+    to: Instant,
+) -> Duration {
+    let mut times: Vec<Instant> = seen
+        .lock()
+        .unwrap()
+        .arrived
+        .iter()
+        .filter(|(at, p)| (from..=to).contains(at) && partitions.iter().any(|(_, q)| q == p))
+        .map(|(at, _)| *at)
+        .collect();
+    times.insert(0, from);
+    times.push(to);
+    times.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default()
+}
+
+/// Waits until the group consumed every acknowledged record (at least once).
+async fn drain(seen: &[Arc<Mutex<Seen>>], acked: &[(u32, u64)]) {
+    wait_until("every acknowledged record consumed", || {
+        let consumed: BTreeSet<(u32, u64)> =
+            seen.iter().flat_map(|s| s.lock().unwrap().records.clone()).collect();
+        acked.iter().all(|r| consumed.contains(r))
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cooperative_sticky_a_joining_member_takes_only_what_moves_while_the_others_keep_consuming() {
+    let broker = TestBroker::start().await;
+    create(&broker, "flow", 6).await;
+    let (stop_members, stop_producer) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let producer = spawn_producer(&broker, "flow", 6, stop_producer.clone());
+    let seen: Vec<Arc<Mutex<Seen>>> = (0..4).map(|_| Arc::default()).collect();
+    let mut tasks: Vec<_> = seen[..3]
+        .iter()
+        .map(|s| {
+            let config = member_config(&broker, cooperative("coop"));
+            spawn_member(config, "flow", stop_members.clone(), s.clone(), true)
+        })
+        .collect();
+    wait_until("three members with two partitions each", || settled(&seen[..3], &[2, 2, 2])).await;
+    let before: Vec<BTreeSet<(String, u32)>> = seen[..3].iter().map(last_assignment).collect();
+    let marks = calls_so_far(&seen[..3]);
+
+    let joined_at = Instant::now();
+    let config = member_config(&broker, cooperative("coop"));
+    tasks.push(spawn_member(config, "flow", stop_members.clone(), seen[3].clone(), true));
+    wait_until("four members holding 2, 2, 1, 1", || settled(&seen, &[1, 1, 2, 2])).await;
+    let settled_at = Instant::now();
+    // (Closing at the end moves partitions again: look at what is settled now.)
+    let (after, ends): (Vec<_>, _) = (seen.iter().map(last_assignment).collect(), calls_so_far(&seen));
+    wait_until("every member consuming after the rebalance", || {
+        seen.iter().all(|s| s.lock().unwrap().arrived.iter().any(|(at, _)| *at > settled_at))
+    })
+    .await;
+    stop_producer.store(true, Ordering::Relaxed);
+    let acked = producer.await.expect("producer");
+    drain(&seen, &acked).await;
+    stop_members.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("member task");
+    }
+
+    let mut moved = BTreeSet::new();
+    for (i, s) in seen[..3].iter().enumerate() {
+        let (assigned, revoked) = moves(s, marks[i]..ends[i]);
+        assert!(
+            after[i].is_subset(&before[i]),
+            "member {i} only gave up partitions: {before:?} -> {after:?}"
+        );
+        let gave_up: BTreeSet<(String, u32)> = before[i].difference(&after[i]).cloned().collect();
+        assert_eq!(revoked, gave_up, "member {i} revoked exactly what moved, never a kept partition");
+        assert_eq!(assigned, BTreeSet::new(), "member {i} was given nothing new");
+        for (_, p) in &after[i] {
+            let n = arrived_between(s, *p, joined_at, settled_at);
+            assert!(
+                n > 0,
+                "member {i} kept consuming {p} during the rebalance ({:?})",
+                settled_at - joined_at
+            );
+        }
+        // An eager member would stop for the whole join; this one fetches on.
+        let (silence, took) = (longest_silence(s, &after[i], joined_at, settled_at), settled_at - joined_at);
+        assert!(silence * 2 < took, "member {i} stopped consuming for {silence:?} of the {took:?} rebalance");
+        moved.extend(gave_up);
+    }
+    assert_eq!(moved.len(), 1, "6 over 4 needs one partition to move: {moved:?}");
+    assert_eq!(after[3], moved, "the newcomer got what the others gave up");
+    let (assigned, revoked) = moves(&seen[3], 0..ends[3]);
+    assert_eq!((assigned, revoked), (moved, BTreeSet::new()));
+    eprintln!("rebalance took {:?}; {} records produced", settled_at - joined_at, acked.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cooperative_sticky_a_leaving_member_s_partitions_move_and_nothing_is_revoked() {
+    let broker = TestBroker::start().await;
+    create(&broker, "flow", 6).await;
+    let stop_producer = Arc::new(AtomicBool::new(false));
+    let producer = spawn_producer(&broker, "flow", 6, stop_producer.clone());
+    let seen: Vec<Arc<Mutex<Seen>>> = (0..3).map(|_| Arc::default()).collect();
+    let stops: Vec<Arc<AtomicBool>> = (0..3).map(|_| Arc::default()).collect();
+    let mut tasks: Vec<_> = seen
+        .iter()
+        .zip(&stops)
+        .map(|(s, stop)| {
+            let config = member_config(&broker, cooperative("leave"));
+            spawn_member(config, "flow", stop.clone(), s.clone(), true)
+        })
+        .collect();
+    wait_until("three members with two partitions each", || settled(&seen, &[2, 2, 2])).await;
+    let before: Vec<BTreeSet<(String, u32)>> = seen.iter().map(last_assignment).collect();
+    let marks = calls_so_far(&seen);
+
+    // The first member closes: it commits and leaves the group.
+    stops[0].store(true, Ordering::Relaxed);
+    tasks.remove(0).await.expect("leaving member");
+    let left_at = Instant::now();
+    wait_until("two members holding three each", || settled(&seen[1..], &[3, 3])).await;
+    let settled_at = Instant::now();
+    let (after, ends): (Vec<_>, _) = (seen.iter().map(last_assignment).collect(), calls_so_far(&seen));
+    stop_producer.store(true, Ordering::Relaxed);
+    let acked = producer.await.expect("producer");
+    drain(&seen, &acked).await;
+    for stop in &stops[1..] {
+        stop.store(true, Ordering::Relaxed);
+    }
+    for t in tasks {
+        t.await.expect("member task");
+    }
+
+    let mut taken_over = BTreeSet::new();
+    for i in 1..3 {
+        let (assigned, revoked) = moves(&seen[i], marks[i]..ends[i]);
+        assert_eq!(revoked, BTreeSet::new(), "member {i} revoked nothing");
+        assert!(before[i].is_subset(&after[i]), "member {i} kept its partitions");
+        assert_eq!(assigned, after[i].difference(&before[i]).cloned().collect(), "member {i}");
+        for (_, p) in &before[i] {
+            assert!(
+                arrived_between(&seen[i], *p, left_at, settled_at + Duration::from_millis(200)) > 0,
+                "member {i} kept consuming {p}"
+            );
+        }
+        taken_over.extend(assigned);
+    }
+    assert_eq!(taken_over, before[0], "the survivors took over exactly what the leaver had");
 }

@@ -2,21 +2,41 @@
 //! it subscribes (`Consumer::subscribe`), the assignors, and the wire calls.
 //!
 //! ```text
-//!   subscribe ─> [needs join] ── poll ──> JoinGroup ──> (leader: assign) ──> SyncGroup
-//!                    ^                                                          │
-//!                    │ heartbeat task: RebalanceInProgress,                     v
-//!                    │ UnknownMemberId, IllegalGeneration            assigned: fetch from
-//!                    └──────────────────────────────────────────── committed offsets
+//!   subscribe ─> [needs join] ── poll ──> join task: JoinGroup ──> (leader: assign) ──> SyncGroup
+//!                    ^                                                                      │
+//!                    │ heartbeat task: RebalanceInProgress,                                 v
+//!                    │ UnknownMemberId, IllegalGeneration;                 poll applies the generation:
+//!                    │ a cooperative member that revoked something         revoke what is gone, start
+//!                    └──────────────────────────────────────────────────── what is new at committed offsets
 //! ```
 //!
 //! The membership runs inside `poll` (the application's task, as Kafka's
-//! consumer does): joins, syncs, revocation (commit, then the listener's
-//! `on_revoked`), assignment (`on_assigned`, positions from committed
-//! offsets or `offset_reset`) and auto-commit. A tokio task sends
-//! heartbeats every `heartbeat_interval` and flags a rejoin; so a member
-//! that processes slowly between polls keeps its session. Protocols are
-//! eager (range, roundrobin): every rebalance revokes the whole assignment
-//! first. Cooperative-sticky is not built yet.
+//! consumer does): it starts a rebalance, applies its outcome (revocation:
+//! commit, then the listener's `on_revoked`; assignment: `on_assigned`,
+//! positions from committed offsets or `offset_reset`) and auto-commits.
+//! The JoinGroup/SyncGroup exchange itself runs on a task, so `poll` keeps
+//! fetching whatever the member holds until the new generation arrives. A
+//! tokio task sends heartbeats every `heartbeat_interval` and flags a
+//! rejoin; so a member that processes slowly between polls keeps its
+//! session.
+//!
+//! How a rebalance starts depends on the protocol of the generation the
+//! member is leaving:
+//!
+//! | previous protocol       | before joining     | owned in JoinGroup | after SyncGroup                |
+//! |-------------------------|--------------------|--------------------|--------------------------------|
+//! | none, range, roundrobin | revoke everything  | nothing            | start all it was given         |
+//! | cooperative-sticky      | keep fetching      | what it holds      | revoke what it lost, start     |
+//! |                         |                    |                    | what is new; rejoin at once    |
+//! |                         |                    |                    | if it revoked anything         |
+//! | any, but expelled       | `on_lost`, drop it | nothing            | start all it was given         |
+//!
+//! The coordinator picks the protocol (Kafka's vote among the assignors
+//! every member lists). Whichever it picks, the leader never hands a
+//! partition to a member while another one lists it as owned
+//! (`assignor::hold_back_transfers`), so a group that turns from
+//! cooperative to eager (a member that knows only `range` joins) does not
+//! give one partition to two members either.
 
 pub mod assignor;
 pub mod wire;
@@ -37,7 +57,9 @@ pub struct GroupSettings {
     pub heartbeat_interval: Duration,
     /// How long a rebalance waits for members to rejoin.
     pub rebalance_timeout: Duration,
-    /// Assignor names in preference order (`range`, `roundrobin`).
+    /// Assignor names in preference order (`range`, `roundrobin`,
+    /// `cooperative-sticky`). The coordinator picks one that every member
+    /// lists; `cooperative-sticky` rebalances incrementally.
     pub assignors: Vec<String>,
     /// Commit consumed positions this often; `None`: only explicit commits.
     pub auto_commit_interval: Option<Duration>,
@@ -51,7 +73,10 @@ pub const REBALANCE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
 pub const AUTO_COMMIT_INTERVAL_DEFAULT: Duration = Duration::from_secs(5);
 
 impl GroupSettings {
-    /// Kafka-like defaults for `group_id`.
+    /// Kafka-like defaults for `group_id`. The assignors stay eager
+    /// (`range`, `roundrobin`): cooperative-sticky is opt-in until it has
+    /// been through the fault tests the eager path has (broker kills,
+    /// coordinator moves, static members restarting).
     #[must_use]
     pub fn new(group_id: impl Into<String>) -> GroupSettings {
         GroupSettings {
@@ -70,11 +95,14 @@ impl GroupSettings {
 /// Told when the group hands partitions to this member or takes them away.
 /// Called from `Consumer::poll`, on the application's task.
 pub trait RebalanceListener: Send + Sync {
-    /// Partitions taken away in a rebalance; positions were committed just
-    /// before (when `commit_on_revoke`).
+    /// Partitions taken away in a rebalance (eager protocols: all of them,
+    /// before rejoining; cooperative: only those the member lost, after the
+    /// new generation); positions were committed just before (when
+    /// `commit_on_revoke`). Not called with nothing.
     fn on_revoked(&mut self, _partitions: &[(String, u32)]) {}
-    /// Partitions given to this member; fetching starts at their committed
-    /// offsets.
+    /// Partitions newly given to this member (cooperative: not those it
+    /// kept), once per generation, possibly none; fetching starts at their
+    /// committed offsets.
     fn on_assigned(&mut self, _partitions: &[(String, u32)]) {}
     /// Partitions lost without a chance to commit (the member was expelled).
     fn on_lost(&mut self, _partitions: &[(String, u32)]) {}
