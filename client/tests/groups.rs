@@ -221,7 +221,7 @@ async fn committed_offsets_survive_a_restart_and_consumption_resumes_there() {
     c.close().await.expect("close");
 
     broker.stop().await;
-    broker.restart().await;
+    broker.restart_on_new_ports().await;
     produce(&broker, "log", 2, 5, "second").await;
     let mut c = Consumer::new(member_config(&broker, settings("resume"))).await.expect("consumer");
     c.subscribe(&["log".to_string()]).await.expect("subscribe");

@@ -163,10 +163,6 @@ async fn send_blocks_while_the_broker_is_down_and_retries_deliver_after_restart(
     let first = producer.send_and_wait(ProducerRecord::new("t", b("before"))).await.expect("send");
     assert_eq!(first.offset, 0);
     broker.stop().await;
-    eprintln!(
-        "{}",
-        String::from_utf8_lossy(&std::process::Command::new("ss").args(["-tanp"]).output().unwrap().stdout)
-    );
 
     let value = bytes::Bytes::from(vec![7u8; 1000]);
     let record = ProducerRecord::new("t", value.clone());

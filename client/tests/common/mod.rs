@@ -64,14 +64,41 @@ impl TestBroker {
         tokio::task::spawn_blocking(move || handle.shutdown()).await.expect("join").expect("clean shutdown");
     }
 
-    /// Starts again on the same public port and data directory.
+    /// Starts again on the same public port and data directory. The ports
+    /// the stopped broker released are free for anyone: another test's
+    /// listener or outgoing connection may hold one of them for a moment, so
+    /// a start refused with `PortInUse` is retried for a while.
     pub async fn restart(&mut self) {
         assert!(self.handle.is_none(), "stop first");
-        let cfg = config(self.dir.path(), self.listen);
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let cfg = config(self.dir.path(), self.listen);
+            match tokio::task::spawn_blocking(move || shardlog_broker::start(cfg)).await.expect("join") {
+                Ok(handle) => {
+                    self.handle = Some(handle);
+                    return;
+                }
+                Err(e @ shardlog_broker::BrokerError::PortInUse { .. })
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    eprintln!("restart: {e}; retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("broker restarts: {e:?}"),
+            }
+        }
+    }
+
+    /// Starts again on the same data directory and fresh ephemeral ports, for
+    /// tests whose clients connect anew after the restart.
+    pub async fn restart_on_new_ports(&mut self) {
+        assert!(self.handle.is_none(), "stop first");
+        let cfg = config(self.dir.path(), "127.0.0.1:0".parse().expect("addr"));
         let handle = tokio::task::spawn_blocking(move || shardlog_broker::start(cfg))
             .await
             .expect("join")
             .expect("broker restarts");
+        self.listen = handle.ready.listen;
         self.handle = Some(handle);
     }
 
