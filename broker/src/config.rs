@@ -413,6 +413,10 @@ pub struct BrokerConfig {
     pub retention_check_interval: Duration,
     /// Prometheus `/metrics` listener.
     pub admin_listen: Option<SocketAddr>,
+    /// The Kafka-protocol listener (`--kafka-listen`; off when `None`).
+    /// Every shard accepts on it, and shard `i` also on its port + 1 + i,
+    /// which Metadata names as Kafka node `i` (`kafka` module).
+    pub kafka_listen: Option<SocketAddr>,
     pub fetch_path: FetchPath,
     /// Memory each shard keeps for recently appended batches (the hot tail
     /// served to consumers at the end of the log); 0 turns it off.
@@ -443,6 +447,7 @@ impl BrokerConfig {
             topic_defaults: TopicConfig::default(),
             retention_check_interval: Duration::from_secs(30),
             admin_listen: None,
+            kafka_listen: None,
             // Measured faster for cold (on-disk) reads, the ones that reach
             // files once the hot tail serves the log end: perf-reports/fetch-*.
             fetch_path: FetchPath::Plain,

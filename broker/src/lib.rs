@@ -13,6 +13,7 @@ pub mod dispatch;
 pub mod fault;
 pub mod group;
 pub mod io;
+pub mod kafka;
 pub mod log;
 pub mod metrics;
 pub mod net;
@@ -86,6 +87,9 @@ pub struct ReadyInfo {
     pub data_dir: PathBuf,
     /// The `/metrics` listener, when enabled.
     pub admin: Option<SocketAddr>,
+    /// The Kafka listener, when enabled, and each shard's own Kafka port.
+    pub kafka: Option<SocketAddr>,
+    pub kafka_ports: Vec<u16>,
 }
 
 impl ReadyInfo {
@@ -102,6 +106,10 @@ impl ReadyInfo {
         );
         if let Some(admin) = self.admin {
             line.push_str(&format!(" admin={admin}"));
+        }
+        if let Some(kafka) = self.kafka {
+            let ports: Vec<String> = self.kafka_ports.iter().map(u16::to_string).collect();
+            line.push_str(&format!(" kafka={kafka} kafka_ports={}", ports.join(",")));
         }
         line
     }
@@ -196,6 +204,13 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
     let shard_ports: Vec<u16> = bound.shards.iter().map(|(_, port)| *port).collect();
     let admin = bound.admin.as_ref().map(|(_, addr)| *addr);
     let mut admin_socket = bound.admin.map(|(socket, _)| socket);
+    let kafka_addr = bound.kafka.as_ref().map(|k| k.addr);
+    let kafka_ports: Vec<u16> =
+        bound.kafka.as_ref().map(|k| k.shards.iter().map(|(_, p)| *p).collect()).unwrap_or_default();
+    let mut kafka_sockets: Vec<Option<(socket2::Socket, socket2::Socket)>> = match bound.kafka {
+        Some(k) => k.shared.into_iter().zip(k.shards).map(|(shared, (own, _))| Some((shared, own))).collect(),
+        None => (0..shards).map(|_| None).collect(),
+    };
     let host = config.advertised_host.clone().unwrap_or_else(|| match public.ip() {
         IpAddr::V4(ip) if ip.is_unspecified() => "127.0.0.1".to_string(),
         ip => ip.to_string(),
@@ -225,7 +240,9 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
                 public: public_socket,
                 own: own_socket,
                 admin: if i == 0 { admin_socket.take() } else { None },
+                kafka: kafka_sockets[i].take(),
             },
+            kafka_ports: kafka_ports.clone(),
             host: host.clone(),
             topics: topics.clone(),
             mesh: mesh.clone(),
@@ -259,7 +276,14 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
         }
         return Err(e);
     }
-    let ready = ReadyInfo { listen: public, shard_ports, data_dir: config.data_dir.clone(), admin };
+    let ready = ReadyInfo {
+        listen: public,
+        shard_ports,
+        data_dir: config.data_dir.clone(),
+        admin,
+        kafka: kafka_addr,
+        kafka_ports,
+    };
     tracing::info!(listen = %public, shard_ports = ?ready.shard_ports, shards, topics = topics.len(), "broker serving");
     Ok(BrokerHandle { ready, stop, threads })
 }
@@ -323,6 +347,8 @@ struct Listeners {
     own: socket2::Socket,
     /// Shard 0 only, with `--admin-listen`.
     admin: Option<socket2::Socket>,
+    /// With `--kafka-listen`: the shared Kafka socket and the shard's own.
+    kafka: Option<(socket2::Socket, socket2::Socket)>,
 }
 
 struct ShardSpec {
@@ -330,6 +356,8 @@ struct ShardSpec {
     config: BrokerConfig,
     public_port: u16,
     shard_ports: Vec<u16>,
+    /// Each shard's own Kafka port (empty without `--kafka-listen`).
+    kafka_ports: Vec<u16>,
     listeners: Listeners,
     host: String,
     topics: TopicTable,
@@ -354,7 +382,12 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
         spec.mesh.join().await.map_err(|e| format!("cannot join the shard mesh: {e}"))?;
     let store: Option<Box<dyn TopicStore>> =
         (id == 0).then(|| Box::new(FileTopicStore::new(&spec.config.data_dir)) as Box<dyn TopicStore>);
-    let endpoints = Endpoints { host: spec.host, public_port: spec.public_port, shard_ports };
+    let endpoints = Endpoints {
+        host: spec.host,
+        public_port: spec.public_port,
+        shard_ports,
+        kafka_ports: spec.kafka_ports,
+    };
     let config = Rc::new(spec.config);
     let splicer = match config.fetch_path {
         config::FetchPath::Plain => None,
@@ -395,6 +428,13 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
     let accept_public = glommio::spawn_local(net::accept_loop(ctx.clone(), public, "public"));
     let accept_own = glommio::spawn_local(net::accept_loop(ctx.clone(), own, "shard"));
     let retention = glommio::spawn_local(retention_loop(ctx.clone()));
+    let kafka = spec.listeners.kafka.map(|(shared, own)| {
+        let (shared, own) = (net::into_listener(shared), net::into_listener(own));
+        glommio::spawn_local(futures_lite::future::zip(
+            kafka::accept_loop(ctx.clone(), shared, "kafka"),
+            kafka::accept_loop(ctx.clone(), own, "kafka-shard"),
+        ))
+    });
     spec.health.shard_serving();
     spec.status.send(Startup::Serving).map_err(|e| e.to_string())?;
     while !spec.stop.load(Ordering::Acquire) {
@@ -403,6 +443,9 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
     spec.health.shard_stopping();
     if let Some(admin) = admin {
         admin.cancel().await;
+    }
+    if let Some(kafka) = kafka {
+        kafka.cancel().await;
     }
     shutdown_shard(&ctx, [accept_public, accept_own, retention, groups]).await
 }

@@ -43,6 +43,11 @@ pub enum PortUse {
     Shard { shard: usize, rule: ShardPortRule },
     /// The admin (`/metrics`) listener.
     Admin,
+    /// The Kafka-protocol port every shard accepts on (SO_REUSEPORT), `--kafka-listen`.
+    Kafka,
+    /// Shard `shard`'s own Kafka-protocol port: the Kafka port + 1 + shard
+    /// (ephemeral when the Kafka port is 0).
+    KafkaShard { shard: usize },
 }
 
 /// How a shard's own port is chosen (`BrokerConfig::shard_port_base`).
@@ -68,6 +73,10 @@ impl std::fmt::Display for PortUse {
             }
             PortUse::Shard { shard, rule: ShardPortRule::Ephemeral } => write!(f, "shard {shard}'s port"),
             PortUse::Admin => write!(f, "the admin listener (--admin-listen)"),
+            PortUse::Kafka => write!(f, "the Kafka listener (--kafka-listen)"),
+            PortUse::KafkaShard { shard } => {
+                write!(f, "shard {shard}'s Kafka port (Kafka port + {})", shard + 1)
+            }
         }
     }
 }
@@ -83,9 +92,26 @@ pub struct BoundPorts {
     /// Each shard's own socket and its port.
     pub shards: Vec<(socket2::Socket, u16)>,
     pub admin: Option<(socket2::Socket, std::net::SocketAddr)>,
+    /// With `--kafka-listen`: the shared Kafka port's sockets (one per shard)
+    /// and each shard's own Kafka socket and port.
+    pub kafka: Option<KafkaPorts>,
 }
 
-/// The ports a configuration asks for, in use order: public, shards, admin.
+/// The Kafka listener's sockets (`BrokerConfig::kafka_listen`).
+#[derive(Debug)]
+pub struct KafkaPorts {
+    pub addr: std::net::SocketAddr,
+    pub shared: Vec<socket2::Socket>,
+    pub shards: Vec<(socket2::Socket, u16)>,
+}
+
+/// Whether every shard accepts on this port (SO_REUSEPORT).
+fn shared_port(use_: PortUse) -> bool {
+    matches!(use_, PortUse::Public | PortUse::Kafka)
+}
+
+/// The ports a configuration asks for, in use order: public, shards,
+/// Kafka and Kafka shards, admin.
 /// Port 0 means ephemeral.
 fn plan_ports(config: &BrokerConfig) -> Result<Vec<(PortUse, SocketAddr)>, BrokerError> {
     let public = config.listen;
@@ -104,6 +130,21 @@ fn plan_ports(config: &BrokerConfig) -> Result<Vec<(PortUse, SocketAddr)>, Broke
             ))
         })?;
         plan.push((PortUse::Shard { shard: i, rule }, SocketAddr::new(public.ip(), port)));
+    }
+    if let Some(kafka) = config.kafka_listen {
+        plan.push((PortUse::Kafka, kafka));
+        for i in 0..config.shards {
+            let port = match kafka.port() {
+                0 => 0,
+                p => u16::try_from(u32::from(p) + 1 + i as u32).map_err(|_| {
+                    BrokerError::Config(format!(
+                        "{} would be past 65535: choose a lower --kafka-listen port",
+                        PortUse::KafkaShard { shard: i }
+                    ))
+                })?,
+            };
+            plan.push((PortUse::KafkaShard { shard: i }, SocketAddr::new(kafka.ip(), port)));
+        }
     }
     if let Some(admin) = config.admin_listen {
         plan.push((PortUse::Admin, admin));
@@ -164,35 +205,51 @@ pub fn bind_ports(config: &BrokerConfig) -> Result<BoundPorts, BrokerError> {
     let plan = plan_ports(config)?;
     check_collisions(&plan)?;
     let mut bound: Vec<Option<(socket2::Socket, SocketAddr)>> = plan.iter().map(|_| None).collect();
-    let mut public_more = Vec::new();
+    // The other sockets of each shared port, by its index in the plan.
+    let mut shared_more: Vec<Vec<socket2::Socket>> = plan.iter().map(|_| Vec::new()).collect();
     for fixed in [true, false] {
         for (i, &(wanted_for, addr)) in plan.iter().enumerate() {
             if (addr.port() != 0) != fixed {
                 continue;
             }
-            let is_public = wanted_for == PortUse::Public;
-            if is_public && fixed {
+            let shared = shared_port(wanted_for);
+            if shared && fixed {
                 // SO_REUSEPORT would share the port with another process's
                 // SO_REUSEPORT listener (another broker): first bind it
                 // without (and without listening), which any listener refuses.
                 drop(bind_one(&plan, &bound, wanted_for, addr, Bind::Probe)?);
             }
-            let how = if is_public { Bind::Shared } else { Bind::Alone };
+            let how = if shared { Bind::Shared } else { Bind::Alone };
             let (socket, local) = bind_one(&plan, &bound, wanted_for, addr, how)?;
-            if is_public {
+            if shared {
                 for _ in 1..config.shards {
-                    public_more.push(bind_one(&plan, &bound, wanted_for, local, Bind::Shared)?.0);
+                    shared_more[i].push(bind_one(&plan, &bound, wanted_for, local, Bind::Shared)?.0);
                 }
             }
             bound[i] = Some((socket, local));
         }
     }
-    let mut bound = bound.into_iter().map(|b| b.expect("every planned port is bound"));
-    let (first_public, public_addr) = bound.next().expect("the public port is planned first");
-    let mut public = vec![first_public];
-    public.extend(public_more);
-    let shards = bound.by_ref().take(config.shards).map(|(s, a)| (s, a.port())).collect();
-    Ok(BoundPorts { public_addr, public, shards, admin: bound.next() })
+    // Plan order: public, shards, [Kafka, Kafka shards], [admin].
+    let mut bound = bound
+        .into_iter()
+        .zip(shared_more)
+        .map(|(b, more)| {
+            let (first, addr) = b.expect("every planned port is bound");
+            let mut all = vec![first];
+            all.extend(more);
+            (all, addr)
+        })
+        .collect::<Vec<_>>()
+        .into_iter();
+    let one = |(mut sockets, addr): (Vec<socket2::Socket>, SocketAddr)| (sockets.remove(0), addr);
+    let (public, public_addr) = bound.next().expect("the public port is planned first");
+    let shards = bound.by_ref().take(config.shards).map(one).map(|(s, a)| (s, a.port())).collect();
+    let kafka = config.kafka_listen.map(|_| {
+        let (shared, addr) = bound.next().expect("the Kafka port is planned after the shards");
+        let shards = bound.by_ref().take(config.shards).map(one).map(|(s, a)| (s, a.port())).collect();
+        KafkaPorts { addr, shared, shards }
+    });
+    Ok(BoundPorts { public_addr, public, shards, admin: bound.next().map(one), kafka })
 }
 
 /// How [`bind_one`] binds.
@@ -279,8 +336,26 @@ pub fn into_listener(socket: socket2::Socket) -> TcpListener {
     unsafe { TcpListener::from_raw_fd(socket.into_raw_fd()) }
 }
 
-/// Accepts connections until the shard stops.
+/// A connection's server (native protocol, Kafka protocol).
+pub type ServeFn =
+    fn(Rc<ShardContext>, TcpStream) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+
+/// Accepts native-protocol connections until the shard stops.
 pub async fn accept_loop(ctx: Rc<ShardContext>, listener: TcpListener, name: &'static str) {
+    accept_connections(ctx, listener, name, |ctx, stream| {
+        Box::pin(async move { serve_connection(&ctx, stream).await })
+    })
+    .await;
+}
+
+/// Accepts connections until the shard stops and serves each with `serve`,
+/// within the broker's connection limit (shared by every listener).
+pub async fn accept_connections(
+    ctx: Rc<ShardContext>,
+    listener: TcpListener,
+    name: &'static str,
+    serve: ServeFn,
+) {
     let per_shard_max = ctx.config.limits.connections_max.div_ceil(ctx.config.shards).max(1);
     let mut failures = AcceptFailures::default();
     let mut refused = LogThrottle::default();
@@ -303,7 +378,7 @@ pub async fn accept_loop(ctx: Rc<ShardContext>, listener: TcpListener, name: &'s
         glommio::spawn_local(async move {
             ctx.connections.set(ctx.connections.get() + 1);
             let id = ctx.track_socket(stream.as_raw_fd());
-            serve_connection(&ctx, stream).await;
+            serve(ctx.clone(), stream).await;
             ctx.sockets.borrow_mut().remove(&id);
             ctx.connections.set(ctx.connections.get() - 1);
         })

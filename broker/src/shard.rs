@@ -130,6 +130,8 @@ pub struct Endpoints {
     pub host: String,
     pub public_port: u16,
     pub shard_ports: Vec<u16>,
+    /// Each shard's own Kafka port (empty without `--kafka-listen`).
+    pub kafka_ports: Vec<u16>,
 }
 
 /// Everything one shard owns. Shared as `Rc` by the tasks of that shard only.
@@ -489,7 +491,7 @@ impl ShardContext {
         })
     }
 
-    async fn fetch_local_copy(
+    pub(crate) async fn fetch_local_copy(
         &self,
         topic: &str,
         partition: u32,

@@ -426,6 +426,10 @@ pub struct BatchBuilder<'fbb> {
     records: Vec<WIPOffset<wire::Record<'fbb>>>,
     first_timestamp: i64,
     max_timestamp: i64,
+    /// Producer id, epoch and base sequence (-1, -1, -1: not idempotent).
+    producer: (i64, i16, i32),
+    /// Timestamp type and transactional bits (never the codec).
+    attributes: u16,
 }
 
 /// A record header as given to the builder.
@@ -439,7 +443,22 @@ impl<'fbb> BatchBuilder<'fbb> {
             records: Vec::new(),
             first_timestamp: 0,
             max_timestamp: i64::MIN,
+            producer: (-1, -1, -1),
+            attributes: 0,
         }
+    }
+
+    /// Marks the batch as written by an idempotent producer: its id, epoch
+    /// and the sequence number of the first record (a gateway translating
+    /// another protocol's batch keeps them).
+    pub fn set_producer(&mut self, producer_id: i64, producer_epoch: i16, base_sequence: i32) {
+        self.producer = (producer_id, producer_epoch, base_sequence);
+    }
+
+    /// Sets the attribute bits [`ATTR_TIMESTAMP_LOG_APPEND`] and
+    /// [`ATTR_TRANSACTIONAL`]; the codec and control bits are not settable.
+    pub fn set_attributes(&mut self, attributes: u16) {
+        self.attributes = attributes & (ATTR_TIMESTAMP_LOG_APPEND | ATTR_TRANSACTIONAL);
     }
 
     /// Adds a record. `timestamp_ms` is the create time.
@@ -453,7 +472,9 @@ impl<'fbb> BatchBuilder<'fbb> {
         self.push_record(Some(key), None, headers, timestamp_ms);
     }
 
-    fn push_record(
+    /// Adds a record whose key and value may each be null (`push` and
+    /// `push_tombstone` are the common cases; a Kafka record may have both null).
+    pub fn push_record(
         &mut self,
         key: Option<&[u8]>,
         value: Option<&[u8]>,
@@ -526,13 +547,13 @@ impl<'fbb> BatchBuilder<'fbb> {
             leader_epoch: -1,
             magic: BATCH_MAGIC,
             crc: 0,
-            attributes: 0,
+            attributes: self.attributes,
             last_offset_delta: (self.records.len() - 1) as u32,
             first_timestamp: self.first_timestamp,
             max_timestamp: self.max_timestamp,
-            producer_id: -1,
-            producer_epoch: -1,
-            base_sequence: -1,
+            producer_id: self.producer.0,
+            producer_epoch: self.producer.1,
+            base_sequence: self.producer.2,
             record_count: self.records.len() as u32,
         }
     }

@@ -28,6 +28,11 @@ pub struct ServeArgs {
     /// and the shard ports: a collision fails start-up.
     #[arg(long, env = "SHARDLOG_ADMIN_LISTEN", value_name = "HOST:PORT")]
     admin_listen: Option<SocketAddr>,
+    /// Kafka wire-protocol listener, so Kafka clients and tools work
+    /// unchanged (off unless given). Shard i also listens on its port + 1 + i,
+    /// which Metadata gives Kafka clients as node i.
+    #[arg(long, env = "SHARDLOG_KAFKA_LISTEN", value_name = "HOST:PORT")]
+    kafka_listen: Option<SocketAddr>,
     /// TOML settings file ([serve] section); flags and env vars win over it.
     #[arg(long = "config", env = "SHARDLOG_CONFIG", value_name = "FILE.toml")]
     config: Option<PathBuf>,
@@ -147,6 +152,7 @@ pub fn build_config(args: ServeArgs) -> anyhow::Result<BrokerConfig> {
         config.shards = n;
     }
     config.admin_listen = args.admin_listen.or(file.admin_listen);
+    config.kafka_listen = args.kafka_listen.or(file.kafka_listen);
     if let Some(b) = args.hot_tail_shard_bytes.or(file.hot_tail_shard_bytes) {
         config.hot_tail_shard_bytes = b;
     }

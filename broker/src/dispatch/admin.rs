@@ -40,7 +40,7 @@ fn topic_results(corr: u32, key: ApiKey, results: &[TopicOutcome], create: bool)
 
 /// Asks shard 0 to create or delete `names`; a reply other than results
 /// fails every topic with a typed error.
-async fn topic_admin(ctx: &Rc<ShardContext>, op: ShardOp, names: &[String]) -> Vec<TopicOutcome> {
+pub(crate) async fn topic_admin(ctx: &Rc<ShardContext>, op: ShardOp, names: &[String]) -> Vec<TopicOutcome> {
     let fail_all = |error: &dyn Fn(String) -> TopicOpError| {
         names.iter().map(|n| TopicOutcome { name: n.clone(), result: Err(error(n.clone())) }).collect()
     };

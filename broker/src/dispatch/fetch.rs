@@ -126,10 +126,9 @@ pub(super) async fn fetch(ctx: &Rc<ShardContext>, corr: u32, req: wire::FetchReq
     loop {
         // Remember where the local partitions stood before reading, so data
         // arriving between the read and the wait is never missed.
-        let generations: Vec<Option<(Rc<crate::partition::DataNotify>, u64)>> = parts
-            .iter()
-            .map(|p| ctx.partition(&p.topic, p.partition).map(|l| (l.data.clone(), l.data.generation())))
-            .collect();
+        let watched: Vec<(&str, u32, u64)> =
+            parts.iter().map(|p| (p.topic.as_str(), p.partition, p.offset)).collect();
+        let generations = data_generations(ctx, &watched);
         let mut total = 0usize;
         let mut any_error = false;
         for part in &mut parts {
@@ -156,14 +155,31 @@ pub(super) async fn fetch(ctx: &Rc<ShardContext>, corr: u32, req: wire::FetchReq
         if total >= min_bytes || any_error || now >= deadline || ctx.shutting_down.get() {
             return fetch_response(corr, parts);
         }
-        wait_for_data(ctx, &parts, generations, deadline - now).await;
+        let watched: Vec<(&str, u32, u64)> =
+            parts.iter().map(|p| (p.topic.as_str(), p.partition, p.offset)).collect();
+        wait_for_data(ctx, &watched, generations, deadline - now).await;
     }
 }
 
-/// Waits until any partition of the fetch may have new data, or `timeout`.
-async fn wait_for_data(
+/// Where each local partition stands now: the generation its data
+/// notification is at, for [`wait_for_data`] (`None` for partitions of other shards).
+pub(crate) fn data_generations(
+    ctx: &ShardContext,
+    parts: &[(&str, u32, u64)],
+) -> Vec<Option<(Rc<crate::partition::DataNotify>, u64)>> {
+    parts
+        .iter()
+        .map(|(topic, partition, _)| {
+            ctx.partition(topic, *partition).map(|l| (l.data.clone(), l.data.generation()))
+        })
+        .collect()
+}
+
+/// Waits until any partition of the fetch (topic, partition, offset) may
+/// have new data, or `timeout`.
+pub(crate) async fn wait_for_data(
     ctx: &Rc<ShardContext>,
-    parts: &[FetchPart],
+    parts: &[(&str, u32, u64)],
     generations: Vec<Option<(Rc<crate::partition::DataNotify>, u64)>>,
     timeout: Duration,
 ) {
@@ -171,17 +187,12 @@ async fn wait_for_data(
     use std::future::Future;
     use std::pin::Pin;
     let mut waits: Vec<Pin<Box<dyn Future<Output = ()>>>> = Vec::new();
-    for (part, local) in parts.iter().zip(generations) {
+    for (&(topic, partition, offset), local) in parts.iter().zip(generations) {
         if let Some((notify, seen)) = local {
             waits.push(Box::pin(async move { notify.changed(seen).await }));
-        } else if ctx.check_partition(&part.topic, part.partition).is_none() {
-            let owner = ctx.owner(&part.topic, part.partition);
-            let op = ShardOp::WaitData {
-                topic: part.topic.clone(),
-                partition: part.partition,
-                offset: part.offset,
-                timeout,
-            };
+        } else if ctx.check_partition(topic, partition).is_none() {
+            let owner = ctx.owner(topic, partition);
+            let op = ShardOp::WaitData { topic: topic.to_string(), partition, offset, timeout };
             let ctx = ctx.clone();
             waits.push(Box::pin(async move {
                 ctx.call(owner, op).await;

@@ -195,9 +195,9 @@ where
     outputs
 }
 
-mod admin;
-mod fetch;
+pub(crate) mod admin;
+pub(crate) mod fetch;
 mod group;
 mod metadata;
 mod offsets;
-mod produce;
+pub(crate) mod produce;

@@ -7,13 +7,22 @@ use flatbuffers::FlatBufferBuilder;
 use shardlog_schema::wire::{self, ApiKey, ErrorCode};
 use std::rc::Rc;
 
-struct ProduceOutcome {
-    topic: String,
-    partition: u32,
-    result: Result<crate::shard::Appended, PartitionError>,
+/// One partition's part of a produce, as its owner answered it.
+pub(crate) struct ProduceOutcome {
+    pub(crate) topic: String,
+    pub(crate) partition: u32,
+    pub(crate) result: Result<crate::shard::Appended, PartitionError>,
 }
 
-async fn produce_one(ctx: &Rc<ShardContext>, topic: &str, partition: u32, data: &[u8]) -> ProduceOutcome {
+/// Appends `data` (whole batches) to a partition on its owner shard. The
+/// append takes its place in the log's order before the first suspension
+/// on the local path (see the module invariant); the Kafka listener uses it too.
+pub(crate) async fn produce_one(
+    ctx: &Rc<ShardContext>,
+    topic: &str,
+    partition: u32,
+    data: &[u8],
+) -> ProduceOutcome {
     let result = if let Some(e) = ctx.check_partition(topic, partition) {
         Err(e)
     } else if topic == shardlog_schema::types::OFFSETS_TOPIC {

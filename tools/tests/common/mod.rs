@@ -15,6 +15,8 @@ pub const COMMAND_DEADLINE: Duration = Duration::from_secs(60);
 pub struct Ready {
     pub listen: String,
     pub shard_ports: Vec<u16>,
+    /// The Kafka listener, with `--kafka-listen`.
+    pub kafka: Option<String>,
 }
 
 /// Spawns `shardlog serve` with `shards` unpinned shards on `dir` and waits
@@ -53,7 +55,8 @@ pub fn serve_with(dir: &Path, shards: usize, extra: &[&str]) -> (Child, Ready) {
     };
     let listen = field("listen=");
     let shard_ports = field("shard_ports=").split(',').map(|p| p.parse().expect("port")).collect();
-    (child, Ready { listen, shard_ports })
+    let kafka = line.split_whitespace().find_map(|w| w.strip_prefix("kafka=")).map(str::to_string);
+    (child, Ready { listen, shard_ports, kafka })
 }
 
 /// A broker process on a temp directory, with helpers that run the same
@@ -61,6 +64,8 @@ pub fn serve_with(dir: &Path, shards: usize, extra: &[&str]) -> (Child, Ready) {
 pub struct Broker {
     pub child: Child,
     pub listen: String,
+    /// The Kafka listener, with `--kafka-listen`.
+    pub kafka: Option<String>,
     pub dir: tempfile::TempDir,
     extra: Vec<String>,
 }
@@ -70,8 +75,8 @@ impl Broker {
     pub fn start_with(extra: &[&str]) -> Broker {
         let dir = tempfile::tempdir().expect("tempdir");
         let (child, ready) = serve_with(dir.path(), 2, extra);
-        let listen = ready.listen;
-        Broker { child, listen, dir, extra: extra.iter().map(|s| s.to_string()).collect() }
+        let (listen, kafka) = (ready.listen, ready.kafka);
+        Broker { child, listen, kafka, dir, extra: extra.iter().map(|s| s.to_string()).collect() }
     }
 
     /// SIGKILLs the broker and starts it again on the same data directory
@@ -83,6 +88,7 @@ impl Broker {
         let (child, ready) = serve_with(self.dir.path(), 2, &extra);
         self.child = child;
         self.listen = ready.listen;
+        self.kafka = ready.kafka;
     }
 
     pub fn cli(&self, args: &[&str]) -> Command {

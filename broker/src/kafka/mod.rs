@@ -1,0 +1,208 @@
+//! The Kafka wire-protocol listener (`--kafka-listen`): existing Kafka
+//! clients (librdkafka, kafka-python, the Java client, kcat) talk to the
+//! same shards, logs and group coordinator as native clients.
+//!
+//! **Nodes**: each shard is its own Kafka node. Every shard accepts on the
+//! Kafka port (SO_REUSEPORT: any shard answers the bootstrap Metadata), and
+//! shard `i` also on its own Kafka port (Kafka port + 1 + i). Metadata names
+//! node [`node_id`]`(broker, i)` at that port as the leader of the
+//! partitions shard `i` owns, so Kafka clients, like native ones, reach the
+//! owning shard with no cross-core hop. A request that still reaches another
+//! shard (a client with stale metadata) is served through the mesh.
+//!
+//! **Per connection, one request at a time, in order**: as Kafka's own
+//! broker does, a connection's next request is read only once the previous
+//! one is answered, so a producer's batches reach each partition in the
+//! order it sent them and responses go out in request order.
+//!
+//! **Bad input**: a frame over the size limit, a header that does not
+//! decode, or an API or version outside [`SUPPORTED`] closes the connection
+//! with a warning naming the peer and why; ApiVersions at a version we do
+//! not speak gets the v0-format `UNSUPPORTED_VERSION` answer listing our
+//! APIs (clients retry lower). Nothing here panics on network input.
+
+mod api;
+pub mod records;
+
+use crate::shard::ShardContext;
+use bytes::{Bytes, BytesMut};
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::{TcpListener, TcpStream};
+use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
+use kafka_protocol::protocol::{Decodable, Encodable};
+use shardlog_schema::wire::ErrorCode;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// Kafka node ids per broker: shard `s` of broker `b` is node `b * 1024 + s`.
+pub const NODES_PER_BROKER: i32 = 1024;
+
+/// The Kafka node id of a broker's shard.
+#[must_use]
+pub fn node_id(broker_id: i32, shard: u16) -> i32 {
+    broker_id.saturating_mul(NODES_PER_BROKER).saturating_add(i32::from(shard))
+}
+
+/// The APIs and version ranges the listener answers (ApiVersions lists them).
+pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::Produce, 3, 9),
+    (ApiKey::Fetch, 4, 12),
+    (ApiKey::ListOffsets, 1, 7),
+    (ApiKey::Metadata, 0, 12),
+    (ApiKey::ApiVersions, 0, 3),
+    (ApiKey::CreateTopics, 2, 7),
+    (ApiKey::DeleteTopics, 1, 6),
+];
+
+/// The supported version range of `key`, if any.
+fn supported(key: i16) -> Option<(ApiKey, i16, i16)> {
+    SUPPORTED.iter().copied().find(|(k, _, _)| *k as i16 == key)
+}
+
+/// Kafka's error code for ours (`kafka_protocol::ResponseError` numbering).
+#[must_use]
+pub fn error_code(code: ErrorCode) -> i16 {
+    match code {
+        ErrorCode::None => 0,
+        ErrorCode::OffsetOutOfRange => 1,
+        ErrorCode::CorruptMessage => 2,
+        ErrorCode::UnknownTopicOrPartition => 3,
+        // Not the leader: the client refreshes metadata and retries, which
+        // is what a shard that is shutting down wants too.
+        ErrorCode::NotLeaderOrFollower | ErrorCode::BrokerShuttingDown => 6,
+        // Retriable: the client backs off and sends again.
+        ErrorCode::RequestTimedOut | ErrorCode::TooManyInFlight | ErrorCode::ResourceLimit => 7,
+        ErrorCode::MessageTooLarge | ErrorCode::RequestTooLarge => 10,
+        ErrorCode::OffsetMetadataTooLarge => 12,
+        ErrorCode::CoordinatorNotAvailable => 15,
+        ErrorCode::NotCoordinator => 16,
+        ErrorCode::InvalidTopicName => 17,
+        ErrorCode::IllegalGeneration => 22,
+        ErrorCode::InconsistentGroupProtocol => 23,
+        ErrorCode::InvalidGroupId => 24,
+        ErrorCode::UnknownMemberId => 25,
+        ErrorCode::InvalidSessionTimeout => 26,
+        ErrorCode::RebalanceInProgress => 27,
+        ErrorCode::UnsupportedVersion | ErrorCode::UnsupportedApi => 35,
+        ErrorCode::TopicAlreadyExists => 36,
+        ErrorCode::InvalidPartitions => 37,
+        ErrorCode::InvalidConfig => 40,
+        ErrorCode::InvalidRequest => 42,
+        ErrorCode::StorageError => 56,
+        ErrorCode::NonEmptyGroup => 68,
+        ErrorCode::GroupIdNotFound => 69,
+        ErrorCode::GroupMaxSizeReached => 81,
+        ErrorCode::FencedInstanceId => 82,
+        _ => -1,
+    }
+}
+
+/// Accepts Kafka connections until the shard stops (same limits and
+/// back-off as the native listeners: `net::accept_next`).
+pub async fn accept_loop(ctx: Rc<ShardContext>, listener: TcpListener, name: &'static str) {
+    crate::net::accept_connections(ctx, listener, name, |ctx, stream| Box::pin(serve(ctx, stream))).await;
+}
+
+/// Why a connection ends.
+enum Close {
+    /// The peer closed, or a socket operation failed: nothing to say.
+    Quiet,
+    /// The peer broke the protocol or a limit: log it.
+    Warn(String),
+}
+
+async fn serve(ctx: Rc<ShardContext>, mut stream: TcpStream) {
+    let peer = stream.peer_addr().map_or_else(|_| "?".to_string(), |a| a.to_string());
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+    }
+    match serve_requests(&ctx, &mut stream).await {
+        Close::Quiet => {}
+        Close::Warn(why) => {
+            crate::metrics::ShardMetrics::inc(&ctx.metrics.rejected_frames);
+            tracing::warn!(%peer, listener = "kafka", why, "closing Kafka connection");
+        }
+    }
+    let _closed = stream.shutdown(std::net::Shutdown::Both).await;
+}
+
+/// Runs a socket operation under a deadline.
+async fn timed<T>(limit: Duration, op: impl std::future::Future<Output = std::io::Result<T>>) -> Option<T> {
+    let op = async { op.await.ok() };
+    let deadline = async {
+        glommio::timer::sleep(limit).await;
+        None
+    };
+    futures_lite::future::or(op, deadline).await
+}
+
+async fn serve_requests(ctx: &Rc<ShardContext>, stream: &mut TcpStream) -> Close {
+    let limits = &ctx.config.limits;
+    let frame_max = u64::from(limits.header_bytes_max) + u64::from(limits.request_payload_bytes_max);
+    loop {
+        let mut len = [0u8; 4];
+        match timed(limits.connection_idle_max, stream.read_exact(&mut len)).await {
+            Some(()) => {}
+            None => return Close::Quiet,
+        }
+        let len = i32::from_be_bytes(len);
+        if len < 8 || len as u64 > frame_max {
+            return Close::Warn(format!("request frame of {len} bytes (allowed: 8 to {frame_max})"));
+        }
+        let mut frame = vec![0u8; len as usize];
+        if timed(limits.request_read_timeout, stream.read_exact(&mut frame)).await.is_none() {
+            return Close::Warn("request frame did not arrive in time".into());
+        }
+        let out = match answer(ctx, Bytes::from(frame)).await {
+            Ok(Some(out)) => out,
+            Ok(None) => continue, // acks=0 produce
+            Err(why) => return Close::Warn(why),
+        };
+        if timed(limits.response_write_timeout, stream.write_all(&out)).await.is_none() {
+            return Close::Quiet;
+        }
+    }
+}
+
+/// Decodes one request frame and answers it: the whole response frame
+/// (length prefix included), `None` for a request without a response, or
+/// why the connection must close.
+async fn answer(ctx: &Rc<ShardContext>, mut frame: Bytes) -> Result<Option<Vec<u8>>, String> {
+    let key = i16::from_be_bytes([frame[0], frame[1]]);
+    let version = i16::from_be_bytes([frame[2], frame[3]]);
+    let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+    let Some((api, min, max)) = supported(key) else {
+        return Err(format!("API key {key} (version {version}) is not supported"));
+    };
+    if version < min || version > max {
+        if api == ApiKey::ApiVersions {
+            return Ok(Some(api::unsupported_api_versions(correlation_id)));
+        }
+        return Err(format!("{api:?} version {version} is not supported (supported: {min} to {max})"));
+    }
+    let header = RequestHeader::decode(&mut frame, api.request_header_version(version))
+        .map_err(|e| format!("{api:?} v{version}: bad request header: {e}"))?;
+    let started = std::time::Instant::now();
+    let body = api::handle(ctx, api, version, &header, frame)
+        .await
+        .map_err(|e| format!("{api:?} v{version}: {e}"))?;
+    ctx.metrics.record_latency(api::class(api), started.elapsed());
+    let Some(body) = body else {
+        return Ok(None);
+    };
+    Ok(Some(response_frame(correlation_id, api.response_header_version(version), &body)))
+}
+
+/// A response frame: length, response header, body.
+fn response_frame(correlation_id: i32, header_version: i16, body: &[u8]) -> Vec<u8> {
+    let mut head = BytesMut::with_capacity(16);
+    let mut header = ResponseHeader::default();
+    header.correlation_id = correlation_id;
+    header.encode(&mut head, header_version).expect("a response header always encodes");
+    let len = (head.len() + body.len()) as u32;
+    let mut out = Vec::with_capacity(4 + len as usize);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(&head);
+    out.extend_from_slice(body);
+    out
+}
