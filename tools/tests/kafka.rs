@@ -250,3 +250,44 @@ fn bad_frames_close_only_their_connection_and_a_too_new_api_versions_gets_error_
         assert!(kcat(&kafka, &["-L"], "").contains("topic \"t\""));
     }
 }
+
+const KAFKA_GROUP: &str = r#"
+import sys, time
+from confluent_kafka import Consumer
+kafka, want = sys.argv[1], int(sys.argv[2])
+c = Consumer({"bootstrap.servers": kafka, "group.id": "kg", "auto.offset.reset": "earliest", "enable.auto.commit": False})
+c.subscribe(["t"])
+got, t = [], time.time()
+while len(got) < want and time.time() - t < 30:
+    m = c.poll(1)
+    if m is not None and m.error() is None:
+        got.append(m.value())
+c.commit(asynchronous=False)
+c.close()
+print(len(got))
+"#;
+
+/// A Kafka consumer group (subscribe, rebalance, commit) through the same
+/// coordinator as native groups: `shardlog group describe` shows its
+/// offsets, and a restarted member resumes after them.
+#[test]
+fn a_confluent_kafka_group_commits_and_a_restarted_member_resumes_from_its_offsets() {
+    if !have("python3", &["-c", "import confluent_kafka"]) {
+        return;
+    }
+    let (broker, kafka) = start();
+    broker.ok(&["topic", "create", "t", "--partitions", "4"], "");
+    let lines: String = (0..40).map(|i| format!("v{i}\n")).collect();
+    broker.ok(&["produce", "t"], &lines);
+    let run = |want: &str| {
+        let out = Command::new("python3").args(["-c", KAFKA_GROUP, &kafka, want]).output().expect("python3");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(run("40"), "40");
+    let described = broker.ok(&["group", "describe", "kg", "--output", "json"], "");
+    let d: serde_json::Value = serde_json::from_str(&described).expect("json");
+    assert!(d.to_string().contains("\"lag\":0"), "every partition committed to its end: {described}");
+    broker.ok(&["produce", "t"], "after\n");
+    assert_eq!(run("1"), "1", "resumes after the committed offsets");
+}

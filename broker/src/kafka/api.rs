@@ -22,23 +22,24 @@ pub(super) fn class(api: ApiKey) -> ApiClass {
         ApiKey::Produce => ApiClass::Produce,
         ApiKey::Fetch => ApiClass::Fetch,
         ApiKey::CreateTopics | ApiKey::DeleteTopics => ApiClass::Admin,
-        _ => ApiClass::Metadata,
+        ApiKey::ApiVersions | ApiKey::Metadata | ApiKey::ListOffsets => ApiClass::Metadata,
+        _ => ApiClass::Group,
     }
 }
 
-type Answer = anyhow::Result<Option<BytesMut>>;
+pub(super) type Answer = anyhow::Result<Option<BytesMut>>;
 
-fn encoded<T: Encodable>(body: &T, version: i16) -> Answer {
+pub(super) fn encoded<T: Encodable>(body: &T, version: i16) -> Answer {
     let mut out = BytesMut::new();
     body.encode(&mut out, version)?;
     Ok(Some(out))
 }
 
-fn s(text: &str) -> StrBytes {
+pub(super) fn s(text: &str) -> StrBytes {
     StrBytes::from_string(text.to_string())
 }
 
-fn name(topic: &str) -> TopicName {
+pub(super) fn name(topic: &str) -> TopicName {
     TopicName(s(topic))
 }
 
@@ -49,9 +50,11 @@ pub(super) async fn handle(
     ctx: &Rc<ShardContext>,
     api: ApiKey,
     version: i16,
-    _header: &RequestHeader,
+    header: &RequestHeader,
+    peer: &str,
     mut body: Bytes,
 ) -> anyhow::Result<Option<Vec<u8>>> {
+    use super::group;
     let out = match api {
         ApiKey::ApiVersions => encoded(&api_versions(0), version),
         ApiKey::Metadata => metadata(ctx, MetadataRequest::decode(&mut body, version)?, version),
@@ -65,6 +68,36 @@ pub(super) async fn handle(
         }
         ApiKey::DeleteTopics => {
             delete_topics(ctx, DeleteTopicsRequest::decode(&mut body, version)?, version).await
+        }
+        ApiKey::FindCoordinator => {
+            group::find_coordinator(ctx, FindCoordinatorRequest::decode(&mut body, version)?, version)
+        }
+        ApiKey::JoinGroup => {
+            let client_id = header.client_id.as_ref().map_or(String::new(), |c| c.to_string());
+            let host = peer.rsplit_once(':').map_or(peer, |(h, _)| h).to_string();
+            group::join(ctx, JoinGroupRequest::decode(&mut body, version)?, version, client_id, host).await
+        }
+        ApiKey::SyncGroup => group::sync(ctx, SyncGroupRequest::decode(&mut body, version)?, version).await,
+        ApiKey::Heartbeat => {
+            group::heartbeat(ctx, HeartbeatRequest::decode(&mut body, version)?, version).await
+        }
+        ApiKey::LeaveGroup => {
+            group::leave(ctx, LeaveGroupRequest::decode(&mut body, version)?, version).await
+        }
+        ApiKey::OffsetCommit => {
+            group::offset_commit(ctx, OffsetCommitRequest::decode(&mut body, version)?, version).await
+        }
+        ApiKey::OffsetFetch => {
+            group::offset_fetch(ctx, OffsetFetchRequest::decode(&mut body, version)?, version).await
+        }
+        ApiKey::ListGroups => {
+            group::list_groups(ctx, ListGroupsRequest::decode(&mut body, version)?, version).await
+        }
+        ApiKey::DescribeGroups => {
+            group::describe_groups(ctx, DescribeGroupsRequest::decode(&mut body, version)?, version).await
+        }
+        ApiKey::DeleteGroups => {
+            group::delete_groups(ctx, DeleteGroupsRequest::decode(&mut body, version)?, version).await
         }
         other => anyhow::bail!("{other:?} is listed as supported but has no handler"),
     }?;

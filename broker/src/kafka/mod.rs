@@ -22,6 +22,7 @@
 //! APIs (clients retry lower). Nothing here panics on network input.
 
 mod api;
+mod group;
 pub mod records;
 
 use crate::shard::ShardContext;
@@ -52,6 +53,16 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ApiVersions, 0, 3),
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 6),
+    (ApiKey::FindCoordinator, 0, 4),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::OffsetCommit, 2, 8),
+    (ApiKey::OffsetFetch, 1, 7),
+    (ApiKey::ListGroups, 0, 5),
+    (ApiKey::DescribeGroups, 0, 5),
+    (ApiKey::DeleteGroups, 0, 2),
 ];
 
 /// The supported version range of `key`, if any.
@@ -116,7 +127,7 @@ async fn serve(ctx: Rc<ShardContext>, mut stream: TcpStream) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
     }
-    match serve_requests(&ctx, &mut stream).await {
+    match serve_requests(&ctx, &mut stream, &peer).await {
         Close::Quiet => {}
         Close::Warn(why) => {
             crate::metrics::ShardMetrics::inc(&ctx.metrics.rejected_frames);
@@ -136,7 +147,7 @@ async fn timed<T>(limit: Duration, op: impl std::future::Future<Output = std::io
     futures_lite::future::or(op, deadline).await
 }
 
-async fn serve_requests(ctx: &Rc<ShardContext>, stream: &mut TcpStream) -> Close {
+async fn serve_requests(ctx: &Rc<ShardContext>, stream: &mut TcpStream, peer: &str) -> Close {
     let limits = &ctx.config.limits;
     let frame_max = u64::from(limits.header_bytes_max) + u64::from(limits.request_payload_bytes_max);
     loop {
@@ -153,7 +164,7 @@ async fn serve_requests(ctx: &Rc<ShardContext>, stream: &mut TcpStream) -> Close
         if timed(limits.request_read_timeout, stream.read_exact(&mut frame)).await.is_none() {
             return Close::Warn("request frame did not arrive in time".into());
         }
-        let out = match answer(ctx, Bytes::from(frame)).await {
+        let out = match answer(ctx, Bytes::from(frame), peer).await {
             Ok(Some(out)) => out,
             Ok(None) => continue, // acks=0 produce
             Err(why) => return Close::Warn(why),
@@ -167,7 +178,7 @@ async fn serve_requests(ctx: &Rc<ShardContext>, stream: &mut TcpStream) -> Close
 /// Decodes one request frame and answers it: the whole response frame
 /// (length prefix included), `None` for a request without a response, or
 /// why the connection must close.
-async fn answer(ctx: &Rc<ShardContext>, mut frame: Bytes) -> Result<Option<Vec<u8>>, String> {
+async fn answer(ctx: &Rc<ShardContext>, mut frame: Bytes, peer: &str) -> Result<Option<Vec<u8>>, String> {
     let key = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
     let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
@@ -183,7 +194,7 @@ async fn answer(ctx: &Rc<ShardContext>, mut frame: Bytes) -> Result<Option<Vec<u
     let header = RequestHeader::decode(&mut frame, api.request_header_version(version))
         .map_err(|e| format!("{api:?} v{version}: bad request header: {e}"))?;
     let started = std::time::Instant::now();
-    let body = api::handle(ctx, api, version, &header, frame)
+    let body = api::handle(ctx, api, version, &header, peer, frame)
         .await
         .map_err(|e| format!("{api:?} v{version}: {e}"))?;
     ctx.metrics.record_latency(api::class(api), started.elapsed());
