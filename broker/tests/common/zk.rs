@@ -63,6 +63,25 @@ impl Ensemble {
     /// Starts three nodes and waits until each serves (`srvr` answers with a
     /// `Mode:` line). `None` when ZooKeeper is not installed.
     pub fn start() -> Option<Ensemble> {
+        let mut ensemble = Ensemble::planned()?;
+        ensemble.launch();
+        Some(ensemble)
+    }
+
+    /// Starts every node of a [`planned`](Ensemble::planned) ensemble and
+    /// waits until each serves.
+    pub fn launch(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.spawn(i);
+        }
+        for i in 0..self.nodes.len() {
+            self.wait_serving(i);
+        }
+    }
+
+    /// Ports and configs of three nodes, none started yet (for tests of a
+    /// broker that starts before ZooKeeper does).
+    pub fn planned() -> Option<Ensemble> {
         if !available() {
             return None;
         }
@@ -86,14 +105,7 @@ impl Ensemble {
             std::fs::write(node_dir.join("zoo.cfg"), cfg).expect("zoo.cfg");
             nodes.push(Node { id: i + 1, client_port, dir: node_dir, child: None });
         }
-        let mut ensemble = Ensemble { nodes, _dir: dir };
-        for i in 0..3 {
-            ensemble.spawn(i);
-        }
-        for i in 0..3 {
-            ensemble.wait_serving(i);
-        }
-        Some(ensemble)
+        Some(Ensemble { nodes, _dir: dir })
     }
 
     /// The connect string of every node (`127.0.0.1:P1,127.0.0.1:P2,...`).
