@@ -31,6 +31,9 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 use zookeeper_client as zkc;
 
+/// The ZooKeeper client type this backend uses (for tests and tools).
+pub use zookeeper_client::Client;
+
 /// The layout (see the module docs of `cluster`).
 pub mod paths {
     pub const ROOT: &str = "/shardlog";
