@@ -151,3 +151,58 @@ fn controller_killed_another_takes_over_and_an_expired_broker_re_registers() {
     let now = controller_now(&rt, &client).expect("controller");
     assert_eq!(now, third, "the resumed broker did not take the controller back");
 }
+
+fn status(connect: &str, json: bool) -> String {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["cluster", "status", "--zookeeper", connect]);
+    if json {
+        cmd.args(["--output", "json"]);
+    }
+    let out = cmd.output().expect("run cluster status");
+    assert!(out.status.success(), "cluster status failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("utf8")
+}
+
+#[test]
+fn cluster_status_lists_brokers_controller_and_offline_partitions() {
+    let Some(zk) = zk::Ensemble::start() else { return };
+    let connect = format!("{}/status", zk.connect_string());
+    let _b1 = serve(1, &connect);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = serve_command(dir.path(), 2, &connect)
+        .args(["--rack", "r2"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("ready");
+    let _b2 = Proc { child, _dir: dir };
+
+    let s: serde_json::Value = serde_json::from_str(&status(&connect, true)).expect("json");
+    assert_eq!(s["controller"]["broker_id"], 1, "{s}");
+    let ids: Vec<i64> =
+        s["brokers"].as_array().expect("brokers").iter().map(|b| b["id"].as_i64().unwrap()).collect();
+    assert_eq!(ids, vec![1, 2]);
+    assert_eq!(s["brokers"][1]["rack"], "r2");
+    assert_eq!(s["brokers"][0]["shards"], 1);
+    assert_eq!(s["offline_partitions"].as_array().map(Vec::len), Some(0));
+    let text = status(&connect, false);
+    assert!(text.contains("controller: broker 1 (epoch 1)"), "{text}");
+
+    // A topic placed on brokers that are not live shows as offline.
+    let rt = rt();
+    let other = format!("{}/no-brokers", zk.connect_string());
+    rt.block_on(async {
+        let c = zkm::connect(&other, Duration::from_secs(6)).await.expect("zk");
+        zkm::ensure_layout(&c).await.expect("layout");
+        let epoch = controller::elect(&c, 9).await.expect("elect").expect("won");
+        controller::create_topic(&c, &epoch, "t", &[vec![1], vec![2]], Default::default())
+            .await
+            .expect("topic");
+        controller::reconcile(&c, &epoch, &Default::default()).await.expect("reconcile");
+    });
+    let s: serde_json::Value = serde_json::from_str(&status(&other, true)).expect("json");
+    assert_eq!((s["topics"].as_i64(), s["partitions"].as_i64()), (Some(1), Some(2)), "{s}");
+    assert_eq!(s["offline_partitions"][1]["state"], "offline");
+    assert!(status(&other, false).contains("offline partitions: 2"));
+}

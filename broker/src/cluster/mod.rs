@@ -23,6 +23,7 @@
 
 pub mod controller;
 pub mod placement;
+pub mod status;
 pub mod zk;
 
 use serde::{Deserialize, Serialize};
