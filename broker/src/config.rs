@@ -430,6 +430,9 @@ pub struct BrokerConfig {
     pub open_files_shard_max: Option<usize>,
     /// Consumer groups: the offsets topic and the coordinator's bounds.
     pub group: GroupConfig,
+    /// `--zookeeper` and friends: `None` runs the static single-node
+    /// membership (no ZooKeeper), as before clusters existed.
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 impl BrokerConfig {
@@ -455,6 +458,7 @@ impl BrokerConfig {
             hot_tail_partition_bytes: crate::log::HOT_TAIL_LOG_BYTES_DEFAULT,
             open_files_shard_max: None,
             group: GroupConfig::default(),
+            cluster: None,
         }
     }
 }

@@ -1,13 +1,15 @@
 //! The Shardlog broker: a thread-per-core server over partitioned commit logs.
 //!
 //! Modules follow the data path (see ARCHITECTURE.md):
-//! `net` → `dispatch` → `shard` → `partition` → `log`,
+//! `net` → `dispatch` → `shard` → `partition` → `log`, plus `cluster`
+//! (membership and controller, ZooKeeper or static),
 //! plus `group` (consumer-group coordinator), `config` and `topics` (topic
 //! metadata store).
 //!
 //! [`start`] brings a broker up and returns a handle; [`run`] is what
 //! `shardlog serve` calls: start, wait for SIGINT/SIGTERM, stop gracefully.
 
+pub mod cluster;
 pub mod config;
 pub mod dispatch;
 pub mod fault;
@@ -70,6 +72,8 @@ pub enum BrokerError {
     Shard { shard: usize, message: String },
     #[error("cannot start shard thread: {0}")]
     Thread(String),
+    #[error(transparent)]
+    Cluster(#[from] cluster::ClusterError),
     #[error("cannot install signal handlers: {0}")]
     Signals(#[source] std::io::Error),
 }
@@ -120,9 +124,22 @@ pub struct BrokerHandle {
     pub ready: ReadyInfo,
     stop: Arc<AtomicBool>,
     threads: Vec<ExecutorJoinHandle<Result<(), String>>>,
+    membership: Box<dyn cluster::Membership>,
 }
 
 impl BrokerHandle {
+    /// What this broker knows of its cluster (itself alone without ZooKeeper).
+    #[must_use]
+    pub fn cluster_view(&self) -> cluster::ClusterView {
+        self.membership.view()
+    }
+
+    /// Whether this broker is the controller now.
+    #[must_use]
+    pub fn is_controller(&self) -> bool {
+        self.membership.is_controller()
+    }
+
     /// Stops accepting, drains in-flight requests, flushes and closes every
     /// log (writing the clean-shutdown markers), and joins the shards.
     pub fn shutdown(self) -> Result<(), BrokerError> {
@@ -135,6 +152,9 @@ impl BrokerHandle {
                 first_error.get_or_insert(BrokerError::Shard { shard, message });
             }
         }
+        // Leave the cluster last: the session closes and the registration
+        // (and the controller znode, if held) goes at once.
+        self.membership.shutdown();
         first_error.map_or(Ok(()), Err)
     }
 }
@@ -215,6 +235,23 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
         IpAddr::V4(ip) if ip.is_unspecified() => "127.0.0.1".to_string(),
         ip => ip.to_string(),
     });
+    let me = cluster::BrokerRegistration {
+        id: config.broker_id,
+        host: host.clone(),
+        port: public.port(),
+        shards,
+        shard_ports: shard_ports.clone(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        rack: config.cluster.as_ref().and_then(|c| c.rack.clone()),
+    };
+    // Registered before any shard starts: a duplicate id refuses to start.
+    let membership: Box<dyn cluster::Membership> = match &config.cluster {
+        None => Box::new(cluster::StaticMembership::new(me)),
+        Some(c) => {
+            tracing::info!(zookeeper = %c.zookeeper, broker = config.broker_id, "joining the cluster");
+            Box::new(cluster::zk::ZkMembership::start(c, me)?)
+        }
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let health = metrics::Health::new(config.shards);
     let mesh = MeshBuilder::full(shards, MESH_CHANNEL_CAPACITY);
@@ -285,7 +322,7 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
         kafka_ports,
     };
     tracing::info!(listen = %public, shard_ports = ?ready.shard_ports, shards, topics = topics.len(), "broker serving");
-    Ok(BrokerHandle { ready, stop, threads })
+    Ok(BrokerHandle { ready, stop, threads, membership })
 }
 
 /// Loads the topic table, creating the internal `__consumer_offsets` topic

@@ -3,6 +3,7 @@
 //! Scripts depend on these command and flag names; keep them stable.
 
 mod client_cmds;
+mod cluster_cmds;
 mod group_cmds;
 mod log_dump;
 mod serve;
@@ -36,6 +37,22 @@ enum Command {
     /// Inspect on-disk data.
     #[command(subcommand)]
     Log(LogCommand),
+    /// Cluster state from ZooKeeper (brokers, controller, offline partitions).
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// Cluster id, controller and epoch, brokers with address, shards and
+    /// partition counts, offline partitions (`--output json`: one object).
+    Status {
+        /// The cluster's ZooKeeper, as given to `serve --zookeeper`.
+        #[arg(long, env = "SHARDLOG_ZOOKEEPER", value_name = "HOST:PORT[,..][/chroot]")]
+        zookeeper: String,
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+    },
 }
 
 /// Connection settings every client command takes.
@@ -304,6 +321,7 @@ fn main() -> ExitCode {
         Command::Produce(args) => client_cmds::block_on(client_cmds::produce(args)),
         Command::Consume(args) => client_cmds::block_on(client_cmds::consume(args)),
         Command::Group(cmd) => client_cmds::block_on(group_cmds::group(cmd)),
+        Command::Cluster(cmd) => client_cmds::block_on(cluster_cmds::cluster(cmd)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

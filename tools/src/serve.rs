@@ -3,6 +3,7 @@
 use crate::settings::Settings;
 use anyhow::{bail, Context};
 use clap::Args;
+use shardlog_broker::cluster::{ClusterConfig, SESSION_TIMEOUT_DEFAULT};
 use shardlog_broker::config::BrokerConfig;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,8 +45,22 @@ pub struct ServeArgs {
     /// Host name clients are told to connect to.
     #[arg(long)]
     advertised_host: Option<String>,
+    /// This broker's id in a cluster [broker.id]; required with --zookeeper.
     #[arg(long)]
     broker_id: Option<i32>,
+    /// Run as a cluster member coordinated by ZooKeeper [zookeeper.connect]:
+    /// `HOST:PORT[,HOST:PORT...][/chroot]`. Without it the broker is a
+    /// single node (no ZooKeeper).
+    #[arg(long, env = "SHARDLOG_ZOOKEEPER", value_name = "HOST:PORT[,..][/chroot]")]
+    zookeeper: Option<String>,
+    /// ZooKeeper session timeout [zookeeper.session.timeout.ms; 18000]: how
+    /// long a dead broker (or controller) stays registered. The server
+    /// clamps it to 2 to 20 of its ticks.
+    #[arg(long, value_name = "MS")]
+    zookeeper_session_timeout_ms: Option<u64>,
+    /// This broker's rack [broker.rack], for rack-aware partition placement.
+    #[arg(long)]
+    rack: Option<String>,
     /// Do not pin shards to cores.
     #[arg(long)]
     no_pin_cores: bool,
@@ -167,6 +182,19 @@ pub fn build_config(args: ServeArgs) -> anyhow::Result<BrokerConfig> {
     config.advertised_host = args.advertised_host.or(file.advertised_host);
     if let Some(id) = args.broker_id.or(file.broker_id) {
         config.broker_id = id;
+    }
+    if let Some(zookeeper) = args.zookeeper.or(file.zookeeper) {
+        if args.broker_id.or(file.broker_id).is_none() {
+            bail!("--zookeeper needs --broker-id N (each broker of a cluster has its own id)");
+        }
+        let session_ms = args.zookeeper_session_timeout_ms.or(file.zookeeper_session_timeout_ms);
+        config.cluster = Some(ClusterConfig {
+            zookeeper,
+            session_timeout: session_ms.map_or(SESSION_TIMEOUT_DEFAULT, Duration::from_millis),
+            rack: args.rack.or(file.rack),
+        });
+    } else if args.zookeeper_session_timeout_ms.is_some() || args.rack.is_some() {
+        bail!("--zookeeper-session-timeout-ms and --rack need --zookeeper");
     }
     config.pin_cores = !args.no_pin_cores && file.pin_cores.unwrap_or(true);
     let l = &mut config.limits;

@@ -10,6 +10,11 @@
 //! data_dir = "/var/lib/shardlog"
 //! listen = "0.0.0.0:9092"
 //! shards = 4
+//! # cluster mode (omit for a single broker without ZooKeeper)
+//! broker_id = 1
+//! zookeeper = "zk1:2181,zk2:2181,zk3:2181/shardlog-prod"
+//! zookeeper_session_timeout_ms = 18000
+//! rack = "eu-1a"
 //! [serve.topic_defaults]          # Kafka names, as for `topic create --config`
 //! "retention.ms" = "86400000"
 //!
@@ -52,6 +57,9 @@ pub struct ServeSettings {
     pub shard_port_base: Option<u16>,
     pub advertised_host: Option<String>,
     pub broker_id: Option<i32>,
+    pub zookeeper: Option<String>,
+    pub zookeeper_session_timeout_ms: Option<u64>,
+    pub rack: Option<String>,
     pub pin_cores: Option<bool>,
     pub header_bytes_max: Option<u32>,
     pub request_payload_bytes_max: Option<u32>,

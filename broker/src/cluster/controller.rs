@@ -1,0 +1,399 @@
+//! The controller: election through the ephemeral `/shardlog/controller`,
+//! the epoch in `/shardlog/controller_epoch`, fenced writes, and the
+//! partition state machine (Kafka's partition states).
+//!
+//! **Election**: one multi-op creates `/shardlog/controller` (ephemeral,
+//! `{broker_id, epoch}`) and sets `/shardlog/controller_epoch` to the epoch
+//! read plus one, with that read's znode version. Either both happen or
+//! neither: `NodeExists` means another broker is controller; a version
+//! mismatch means another election won in between (read again).
+//!
+//! **Fencing**: every controller write is a multi-op whose first operation
+//! checks that `/shardlog/controller_epoch` still has the version this
+//! controller's election left on it. A controller that lost its session
+//! (or its znode) and goes on writing finds the version bumped by its
+//! successor's election, and the whole multi-op is rejected
+//! ([`ControllerError::Fenced`]). Partition state znodes are moreover
+//! changed only with the version last read (a conflicting writer is
+//! rejected: [`ControllerError::Conflict`]).
+//!
+//! **Partition states** ([`PartitionState`]): `NonExistent → New` (topic
+//! created, znodes written), `New → Online | Offline` (its replica is live
+//! or not), `Online → Offline` (its broker left), `Offline → Online` (it
+//! came back; the leader epoch is bumped), `Online → Online` (a new leader,
+//! for replication later), `New | Offline → NonExistent` (deletion). Every
+//! change goes through [`check_transition`]; [`next_state`] decides it from
+//! the replica list and the live brokers, purely.
+
+use super::{zk::paths, ControllerInfo};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use zookeeper_client as zkc;
+
+/// Kafka's partition states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PartitionState {
+    NonExistent,
+    New,
+    Online,
+    Offline,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("invalid partition state transition {from:?} -> {to:?}")]
+pub struct InvalidTransition {
+    pub from: PartitionState,
+    pub to: PartitionState,
+}
+
+/// The state machine: which transitions are allowed.
+pub fn check_transition(from: PartitionState, to: PartitionState) -> Result<(), InvalidTransition> {
+    use PartitionState::*;
+    let ok = matches!(
+        (from, to),
+        (NonExistent, New)
+            | (New, Online | Offline | NonExistent)
+            | (Online, Online | Offline)
+            | (Offline, Online | NonExistent)
+    );
+    if ok {
+        Ok(())
+    } else {
+        Err(InvalidTransition { from, to })
+    }
+}
+
+/// `/shardlog/topics/<t>/partitions/<p>/state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionStateZnode {
+    pub state: PartitionState,
+    /// The leading broker, -1 when none is live.
+    pub leader: i32,
+    /// Bumped whenever a (new) leader takes the partition.
+    pub leader_epoch: i32,
+    /// The epoch of the controller that wrote this.
+    pub controller_epoch: i32,
+}
+
+/// `/shardlog/topics/<t>`: the replica list of each partition and the
+/// topic's settings (Kafka names).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicAssignment {
+    pub version: u32,
+    /// Partition number (as a string key, as Kafka writes it) → replicas.
+    pub partitions: BTreeMap<String, Vec<i32>>,
+    #[serde(default)]
+    pub config: BTreeMap<String, String>,
+}
+
+/// What the state of a partition with `replicas` should become, given the
+/// live brokers; `None` when it stays as it is.
+#[must_use]
+pub fn next_state(
+    current: &PartitionStateZnode,
+    replicas: &[i32],
+    live: &BTreeSet<i32>,
+    controller_epoch: i32,
+) -> Option<PartitionStateZnode> {
+    let live_replica = replicas.iter().copied().find(|r| live.contains(r));
+    let (state, leader) = match live_replica {
+        Some(id) => (PartitionState::Online, id),
+        None => (PartitionState::Offline, -1),
+    };
+    if current.state == state && current.leader == leader {
+        return None;
+    }
+    check_transition(current.state, state).ok()?;
+    let leader_epoch = if leader >= 0 { current.leader_epoch + 1 } else { current.leader_epoch };
+    Some(PartitionStateZnode { state, leader, leader_epoch, controller_epoch })
+}
+
+/// Why a controller operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    /// A newer controller was elected: this one must stop writing.
+    #[error("controller epoch {epoch} is stale: a newer controller was elected; write rejected")]
+    Fenced { epoch: i32 },
+    /// A znode changed since it was read (a version-checked write failed).
+    #[error("{path} changed since it was read; write rejected")]
+    Conflict { path: String },
+    #[error("topic {0} already exists")]
+    TopicExists(String),
+    #[error(transparent)]
+    Transition(#[from] InvalidTransition),
+    #[error(transparent)]
+    Placement(#[from] super::placement::PlacementError),
+    #[error("bad JSON in {path}: {source}")]
+    Json {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("ZooKeeper: {0}")]
+    ZooKeeper(#[from] zkc::Error),
+}
+
+/// An elected controller's epoch and the version its election left on
+/// `/shardlog/controller_epoch` (what every fenced write checks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ControllerEpoch {
+    pub broker_id: i32,
+    pub epoch: i32,
+    pub epoch_zk_version: i32,
+}
+
+/// Tries to become controller. `Ok(None)`: another broker is.
+pub async fn elect(client: &zkc::Client, broker_id: i32) -> Result<Option<ControllerEpoch>, ControllerError> {
+    loop {
+        let (data, stat) = client.get_data(paths::CONTROLLER_EPOCH).await?;
+        let current: i32 = std::str::from_utf8(&data).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+        let epoch = current + 1;
+        let info = serde_json::to_vec(&ControllerInfo { broker_id, epoch })
+            .map_err(|source| ControllerError::Json { path: paths::CONTROLLER.into(), source })?;
+        let ephemeral = zkc::CreateMode::Ephemeral.with_acls(zkc::Acls::anyone_all());
+        let mut multi = client.new_multi_writer();
+        multi.add_create(paths::CONTROLLER, &info, &ephemeral)?;
+        multi.add_set_data(paths::CONTROLLER_EPOCH, epoch.to_string().as_bytes(), Some(stat.version))?;
+        match multi.commit().await {
+            Ok(results) => {
+                let version = match results.get(1) {
+                    Some(zkc::MultiWriteResult::SetData { stat }) => stat.version,
+                    _ => stat.version + 1,
+                };
+                return Ok(Some(ControllerEpoch { broker_id, epoch, epoch_zk_version: version }));
+            }
+            Err(zkc::MultiWriteError::OperationFailed { index: 0, source: zkc::Error::NodeExists }) => {
+                return Ok(None)
+            }
+            Err(zkc::MultiWriteError::OperationFailed { index: 1, source: zkc::Error::BadVersion }) => {
+                continue
+            }
+            Err(e) => return Err(zkc::Error::from(e).into()),
+        }
+    }
+}
+
+/// Who the controller is now, if anyone.
+pub async fn read_controller(client: &zkc::Client) -> Result<Option<ControllerInfo>, ControllerError> {
+    match client.get_data(paths::CONTROLLER).await {
+        Ok((data, _)) => serde_json::from_slice(&data)
+            .map(Some)
+            .map_err(|source| ControllerError::Json { path: paths::CONTROLLER.into(), source }),
+        Err(zkc::Error::NoNode) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// One write of a fenced multi-op.
+#[derive(Debug, Clone)]
+pub enum Write {
+    Create {
+        path: String,
+        data: Vec<u8>,
+    },
+    /// Version-checked: rejected when the znode changed since it was read.
+    Set {
+        path: String,
+        data: Vec<u8>,
+        version: i32,
+    },
+}
+
+/// Commits `writes` together, only while `epoch` is the newest controller
+/// epoch (the first operation checks its version).
+pub async fn fenced_write(
+    client: &zkc::Client,
+    epoch: &ControllerEpoch,
+    writes: &[Write],
+) -> Result<(), ControllerError> {
+    let persistent = zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all());
+    let mut multi = client.new_multi_writer();
+    multi.add_check_version(paths::CONTROLLER_EPOCH, epoch.epoch_zk_version)?;
+    for w in writes {
+        match w {
+            Write::Create { path, data } => multi.add_create(path, data, &persistent)?,
+            Write::Set { path, data, version } => multi.add_set_data(path, data, Some(*version))?,
+        }
+    }
+    match multi.commit().await {
+        Ok(_) => Ok(()),
+        Err(zkc::MultiWriteError::OperationFailed { index: 0, .. }) => {
+            Err(ControllerError::Fenced { epoch: epoch.epoch })
+        }
+        Err(zkc::MultiWriteError::OperationFailed { index, source }) => {
+            let path = match &writes[index - 1] {
+                Write::Create { path, .. } | Write::Set { path, .. } => path.clone(),
+            };
+            match source {
+                zkc::Error::NodeExists | zkc::Error::BadVersion => Err(ControllerError::Conflict { path }),
+                other => Err(other.into()),
+            }
+        }
+        Err(e) => Err(zkc::Error::from(e).into()),
+    }
+}
+
+fn json<T: Serialize>(path: &str, value: &T) -> Result<Vec<u8>, ControllerError> {
+    serde_json::to_vec(value).map_err(|source| ControllerError::Json { path: path.into(), source })
+}
+
+/// Creates a topic: its assignment and each partition's state znode, in
+/// state `New`, in one fenced multi-op. The caller then moves the
+/// partitions on with [`reconcile`].
+pub async fn create_topic(
+    client: &zkc::Client,
+    epoch: &ControllerEpoch,
+    topic: &str,
+    replicas: &[Vec<i32>],
+    config: BTreeMap<String, String>,
+) -> Result<(), ControllerError> {
+    let topic_path = paths::topic(topic);
+    if client.check_stat(&topic_path).await?.is_some() {
+        return Err(ControllerError::TopicExists(topic.into()));
+    }
+    let assignment = TopicAssignment {
+        version: 1,
+        partitions: replicas.iter().enumerate().map(|(p, r)| (p.to_string(), r.clone())).collect(),
+        config,
+    };
+    let mut writes = vec![
+        Write::Create { path: topic_path.clone(), data: json(&topic_path, &assignment)? },
+        Write::Create { path: format!("{topic_path}/partitions"), data: Vec::new() },
+    ];
+    for p in 0..replicas.len() {
+        let state = PartitionStateZnode {
+            state: PartitionState::New,
+            leader: -1,
+            leader_epoch: 0,
+            controller_epoch: epoch.epoch,
+        };
+        writes.push(Write::Create { path: format!("{topic_path}/partitions/{p}"), data: Vec::new() });
+        let path = paths::partition_state(topic, p as u32);
+        writes.push(Write::Create { data: json(&path, &state)?, path });
+    }
+    match fenced_write(client, epoch, &writes).await {
+        Err(ControllerError::Conflict { path }) if path == topic_path => {
+            Err(ControllerError::TopicExists(topic.into()))
+        }
+        other => other,
+    }
+}
+
+/// A topic's assignment.
+pub async fn read_topic(client: &zkc::Client, topic: &str) -> Result<TopicAssignment, ControllerError> {
+    let path = paths::topic(topic);
+    let (data, _) = client.get_data(&path).await?;
+    serde_json::from_slice(&data).map_err(|source| ControllerError::Json { path, source })
+}
+
+/// A partition's state and its znode version.
+pub async fn read_partition_state(
+    client: &zkc::Client,
+    topic: &str,
+    partition: u32,
+) -> Result<(PartitionStateZnode, i32), ControllerError> {
+    let path = paths::partition_state(topic, partition);
+    let (data, stat) = client.get_data(&path).await?;
+    let state = serde_json::from_slice(&data).map_err(|source| ControllerError::Json { path, source })?;
+    Ok((state, stat.version))
+}
+
+/// Moves every partition of every topic to the state the live brokers give
+/// it ([`next_state`]), each write fenced and version-checked. Returns how
+/// many partitions changed.
+pub async fn reconcile(
+    client: &zkc::Client,
+    epoch: &ControllerEpoch,
+    live: &BTreeSet<i32>,
+) -> Result<usize, ControllerError> {
+    let mut changed = 0;
+    let topics = match client.list_children(paths::TOPICS).await {
+        Ok(t) => t,
+        Err(zkc::Error::NoNode) => return Ok(0),
+        Err(e) => return Err(e.into()),
+    };
+    for topic in topics {
+        let assignment = read_topic(client, &topic).await?;
+        for (p, replicas) in &assignment.partitions {
+            let Ok(p) = p.parse::<u32>() else { continue };
+            let (current, version) = read_partition_state(client, &topic, p).await?;
+            if let Some(next) = next_state(&current, replicas, live, epoch.epoch) {
+                let path = paths::partition_state(&topic, p);
+                let data = json(&path, &next)?;
+                fenced_write(client, epoch, &[Write::Set { path, data, version }]).await?;
+                tracing::info!(%topic, partition = p, from = ?current.state, to = ?next.state, leader = next.leader, "partition state changed");
+                changed += 1;
+            }
+        }
+    }
+    Ok(changed)
+}
+
+/// How many partitions each broker leads now (for placement).
+pub async fn leader_counts(client: &zkc::Client) -> Result<BTreeMap<i32, usize>, ControllerError> {
+    let mut counts = BTreeMap::new();
+    let topics = match client.list_children(paths::TOPICS).await {
+        Ok(t) => t,
+        Err(zkc::Error::NoNode) => return Ok(counts),
+        Err(e) => return Err(e.into()),
+    };
+    for topic in topics {
+        for replicas in read_topic(client, &topic).await?.partitions.values() {
+            if let Some(first) = replicas.first() {
+                *counts.entry(*first).or_insert(0) += 1;
+            }
+        }
+    }
+    Ok(counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PartitionState::*;
+    use super::*;
+
+    #[test]
+    fn state_machine_allows_kafkas_transitions_only() {
+        let all = [NonExistent, New, Online, Offline];
+        let allowed: Vec<(PartitionState, PartitionState)> = all
+            .iter()
+            .flat_map(|&f| all.iter().map(move |&t| (f, t)))
+            .filter(|&(f, t)| check_transition(f, t).is_ok())
+            .collect();
+        assert_eq!(
+            allowed,
+            vec![
+                (NonExistent, New),
+                (New, NonExistent),
+                (New, Online),
+                (New, Offline),
+                (Online, Online),
+                (Online, Offline),
+                (Offline, NonExistent),
+                (Offline, Online),
+            ]
+        );
+    }
+
+    #[test]
+    fn next_state_follows_the_replicas_broker() {
+        let new = PartitionStateZnode { state: New, leader: -1, leader_epoch: 0, controller_epoch: 1 };
+        let live = BTreeSet::from([1, 2]);
+        let online = next_state(&new, &[2], &live, 3).expect("goes online");
+        assert_eq!(
+            online,
+            PartitionStateZnode { state: Online, leader: 2, leader_epoch: 1, controller_epoch: 3 }
+        );
+        assert_eq!(next_state(&online, &[2], &live, 3), None, "nothing to do");
+        let offline = next_state(&online, &[2], &BTreeSet::from([1]), 4).expect("goes offline");
+        assert_eq!(
+            offline,
+            PartitionStateZnode { state: Offline, leader: -1, leader_epoch: 1, controller_epoch: 4 }
+        );
+        let back = next_state(&offline, &[2], &live, 5).expect("back online");
+        assert_eq!((back.state, back.leader, back.leader_epoch), (Online, 2, 2));
+        let never_live = next_state(&new, &[9], &live, 3).expect("offline from new");
+        assert_eq!(never_live.state, Offline);
+    }
+}

@@ -1,0 +1,418 @@
+//! The ZooKeeper membership backend.
+//!
+//! A control thread of its own (`zk-control`, a current-thread tokio
+//! runtime) owns the `zookeeper-client` session; shards never touch it.
+//! What it learns is published as a [`ClusterView`] (behind a mutex that
+//! only the control plane reads, never the data path).
+//!
+//! Session loop, one turn per ZooKeeper session:
+//! 1. connect (retrying every second with a log line while no ensemble
+//!    member answers; the client itself moves between ensemble members
+//!    when a connection is lost and the session lives on);
+//! 2. make the layout's persistent znodes (`/shardlog/...`, the cluster id);
+//! 3. register `/shardlog/brokers/ids/<id>` (ephemeral). Held by another
+//!    session: at start-up the broker refuses to start
+//!    ([`ClusterError::DuplicateBrokerId`]); after an expiry it retries
+//!    until the old registration is gone;
+//! 4. loop: read the brokers and the controller with watches, run for
+//!    controller when there is none, reconcile partition states while
+//!    controller, publish the view, and wait for a watch, a session state
+//!    change or the stop signal.
+//!
+//! The crate does not start a new session after expiry: on `Expired` the
+//! loop drops the client and goes back to 1 (new client, ephemerals
+//! re-created, state re-read, watches re-installed). `Disconnected` is only
+//! logged: the client reconnects within the session by itself.
+
+use super::controller::{self, ControllerEpoch};
+use super::{BrokerRegistration, ClusterConfig, ClusterError, ClusterView, Membership};
+use std::collections::BTreeSet;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+use zookeeper_client as zkc;
+
+/// The ZooKeeper client type this backend uses (for tests and tools).
+pub use zookeeper_client::Client;
+
+/// The layout (see the module docs of `cluster`).
+pub mod paths {
+    pub const ROOT: &str = "/shardlog";
+    pub const CLUSTER_ID: &str = "/shardlog/cluster/id";
+    pub const BROKER_IDS: &str = "/shardlog/brokers/ids";
+    pub const CONTROLLER: &str = "/shardlog/controller";
+    pub const CONTROLLER_EPOCH: &str = "/shardlog/controller_epoch";
+    pub const TOPICS: &str = "/shardlog/topics";
+
+    #[must_use]
+    pub fn broker(id: i32) -> String {
+        format!("{BROKER_IDS}/{id}")
+    }
+    #[must_use]
+    pub fn topic(topic: &str) -> String {
+        format!("{TOPICS}/{topic}")
+    }
+    #[must_use]
+    pub fn partition_state(topic: &str, partition: u32) -> String {
+        format!("{TOPICS}/{topic}/partitions/{partition}/state")
+    }
+}
+
+/// How long to wait between attempts to reach the ensemble.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// Splits Kafka's `zookeeper.connect` into hosts and chroot (`None` when
+/// there is none or it is `/`).
+pub fn split_connect(connect: &str) -> Result<(String, Option<String>), ClusterError> {
+    let bad = || ClusterError::ConnectString(connect.to_string());
+    let (hosts, chroot) = match connect.find('/') {
+        Some(i) => (&connect[..i], Some(&connect[i..])),
+        None => (connect, None),
+    };
+    if hosts.is_empty()
+        || hosts
+            .split(',')
+            .any(|h| h.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()))
+    {
+        return Err(bad());
+    }
+    let chroot = chroot.map(|c| c.trim_end_matches('/')).filter(|c| !c.is_empty());
+    if let Some(c) = chroot {
+        if c.contains("//") {
+            return Err(bad());
+        }
+    }
+    Ok((hosts.to_string(), chroot.map(str::to_string)))
+}
+
+/// Connects a session (chroot created first when it does not exist).
+pub async fn connect(connect_string: &str, session_timeout: Duration) -> Result<zkc::Client, ClusterError> {
+    let (hosts, chroot) = split_connect(connect_string)?;
+    let client = zkc::Client::connector().with_session_timeout(session_timeout).connect(&hosts).await?;
+    let Some(chroot) = chroot else { return Ok(client) };
+    let dir = zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all());
+    match client.mkdir(&chroot, &dir).await {
+        Ok(()) | Err(zkc::Error::NodeExists) => {}
+        Err(e) => return Err(e.into()),
+    }
+    client.chroot(chroot).map_err(|_| ClusterError::ConnectString(connect_string.to_string()))
+}
+
+/// Creates the persistent znodes of the layout (idempotent).
+pub async fn ensure_layout(client: &zkc::Client) -> Result<(), ClusterError> {
+    let dir = zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all());
+    for path in [paths::BROKER_IDS, paths::TOPICS, "/shardlog/cluster"] {
+        match client.mkdir(path, &dir).await {
+            Ok(()) | Err(zkc::Error::NodeExists) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let id = format!("{:016x}{:08x}", crate::now_ms(), std::process::id());
+    for (path, data) in [(paths::CLUSTER_ID, id.as_str()), (paths::CONTROLLER_EPOCH, "0")] {
+        match client.create(path, data.as_bytes(), &dir).await {
+            Ok(_) | Err(zkc::Error::NodeExists) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Registers this broker; `Err(DuplicateBrokerId)` when another session holds the id.
+pub async fn register(client: &zkc::Client, me: &BrokerRegistration) -> Result<(), ClusterError> {
+    let path = paths::broker(me.id);
+    let data = serde_json::to_vec(me).map_err(|e| ClusterError::Thread(e.to_string()))?;
+    let ephemeral = zkc::CreateMode::Ephemeral.with_acls(zkc::Acls::anyone_all());
+    match client.create(&path, &data, &ephemeral).await {
+        Ok(_) => Ok(()),
+        Err(zkc::Error::NodeExists) => {
+            let (held, stat) = client.get_data(&path).await?;
+            if stat.ephemeral_owner == client.session_id().0 {
+                return Ok(());
+            }
+            let holder = serde_json::from_slice::<BrokerRegistration>(&held)
+                .map(|b| format!("{}:{}", b.host, b.port))
+                .unwrap_or_else(|_| format!("session {:#x}", stat.ephemeral_owner));
+            Err(ClusterError::DuplicateBrokerId { id: me.id, holder })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Reads the live brokers (watching the list) and the cluster id.
+async fn read_brokers(
+    client: &zkc::Client,
+    view: &mut ClusterView,
+) -> Result<zkc::OneshotWatcher, ClusterError> {
+    let (ids, watcher) = client.list_and_watch_children(paths::BROKER_IDS).await?;
+    view.brokers.clear();
+    for id in ids {
+        let Ok(n) = id.parse::<i32>() else { continue };
+        match client.get_data(&paths::broker(n)).await {
+            Ok((data, _)) => match serde_json::from_slice::<BrokerRegistration>(&data) {
+                Ok(b) => {
+                    view.brokers.insert(n, b);
+                }
+                Err(e) => tracing::warn!(broker = n, error = %e, "unreadable broker registration"),
+            },
+            Err(zkc::Error::NoNode) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if view.cluster_id.is_none() {
+        let (id, _) = client.get_data(paths::CLUSTER_ID).await?;
+        view.cluster_id = Some(String::from_utf8_lossy(&id).into_owned());
+    }
+    Ok(watcher)
+}
+
+/// The ZooKeeper backend: the control thread and the view it publishes.
+pub struct ZkMembership {
+    id: i32,
+    view: Arc<Mutex<ClusterView>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ZkMembership {
+    /// Starts the control thread and returns once this broker is registered
+    /// and has read the cluster once (brokers, controller; elected if none).
+    /// Waits (logging every attempt) while no ensemble member answers;
+    /// fails at once when the id is registered by another broker.
+    pub fn start(config: &ClusterConfig, me: BrokerRegistration) -> Result<ZkMembership, ClusterError> {
+        split_connect(&config.zookeeper)?;
+        let view = Arc::new(Mutex::new(ClusterView::default()));
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+        let (config, shared, id) = (config.clone(), view.clone(), me.id);
+        let thread = std::thread::Builder::new()
+            .name("zk-control".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _gone = ready_tx.send(Err(ClusterError::Thread(e.to_string())));
+                        return;
+                    }
+                };
+                rt.block_on(session_loop(config, me, shared, ready_tx, stop_rx));
+            })
+            .map_err(|e| ClusterError::Thread(e.to_string()))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(ZkMembership { id, view, stop: Some(stop_tx), thread: Some(thread) }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(ClusterError::Stopped)
+            }
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _gone = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for ZkMembership {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Membership for ZkMembership {
+    fn broker_id(&self) -> i32 {
+        self.id
+    }
+    fn view(&self) -> ClusterView {
+        self.view.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+    fn shutdown(mut self: Box<Self>) {
+        self.stop();
+    }
+}
+
+type Ready = mpsc::Sender<Result<(), ClusterError>>;
+
+/// How a session ended.
+enum SessionEnd {
+    Stop,
+    /// Expired or closed: start a new one.
+    Renew,
+}
+
+async fn session_loop(
+    config: ClusterConfig,
+    me: BrokerRegistration,
+    shared: Arc<Mutex<ClusterView>>,
+    ready: Ready,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    let mut ready = Some(ready);
+    loop {
+        let client = tokio::select! {
+            _ = &mut stop => return,
+            c = connect_retrying(&config) => c,
+        };
+        let setup = async {
+            ensure_layout(&client).await?;
+            register(&client, &me).await
+        };
+        match setup.await {
+            Ok(()) => {
+                tracing::info!(broker = me.id, session = %client.session_id(), "registered in ZooKeeper");
+            }
+            Err(e @ ClusterError::DuplicateBrokerId { .. }) if ready.is_some() => {
+                if let Some(r) = ready.take() {
+                    let _gone = r.send(Err(e));
+                }
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot register in ZooKeeper; retrying");
+                tokio::time::sleep(RETRY).await;
+                continue;
+            }
+        }
+        match serve_session(&client, &me, &shared, &mut stop, &mut ready).await {
+            SessionEnd::Stop => return,
+            SessionEnd::Renew => {
+                if let Ok(mut v) = shared.lock() {
+                    v.controller = None;
+                }
+                tracing::warn!(
+                    broker = me.id,
+                    "ZooKeeper session ended; starting a new one (re-registering)"
+                );
+            }
+        }
+    }
+}
+
+/// Connects, retrying every second while no ensemble member answers.
+async fn connect_retrying(config: &ClusterConfig) -> zkc::Client {
+    let mut attempts = 0u64;
+    loop {
+        match connect(&config.zookeeper, config.session_timeout).await {
+            Ok(c) => return c,
+            Err(e) => {
+                attempts += 1;
+                tracing::warn!(zookeeper = %config.zookeeper, attempts, error = %e, "cannot reach ZooKeeper; retrying in 1 s");
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+}
+
+async fn serve_session(
+    client: &zkc::Client,
+    me: &BrokerRegistration,
+    shared: &Arc<Mutex<ClusterView>>,
+    stop: &mut tokio::sync::oneshot::Receiver<()>,
+    ready: &mut Option<Ready>,
+) -> SessionEnd {
+    let mut states = client.state_watcher();
+    let mut epoch: Option<ControllerEpoch> = None;
+    loop {
+        let mut view = ClusterView::default();
+        let round = async {
+            let brokers = read_brokers(client, &mut view).await?;
+            let (exists, controller_watch) = client.check_and_watch_stat(paths::CONTROLLER).await?;
+            if exists.is_none() {
+                epoch = controller::elect(client, me.id)
+                    .await
+                    .map_err(|e| ClusterError::Thread(e.to_string()))?;
+                if let Some(e) = epoch {
+                    tracing::info!(broker = me.id, epoch = e.epoch, "elected controller");
+                }
+            }
+            view.controller =
+                controller::read_controller(client).await.map_err(|e| ClusterError::Thread(e.to_string()))?;
+            if view.controller.map(|c| c.broker_id) != Some(me.id)
+                || view.controller.map(|c| c.epoch) != epoch.map(|e| e.epoch)
+            {
+                epoch = None;
+            }
+            if let Some(e) = &epoch {
+                let live: BTreeSet<i32> = view.brokers.keys().copied().collect();
+                match controller::reconcile(client, e, &live).await {
+                    Ok(_) => {}
+                    Err(controller::ControllerError::Fenced { .. }) => {
+                        tracing::warn!(broker = me.id, epoch = e.epoch, "fenced: a newer controller exists");
+                        epoch = None;
+                    }
+                    Err(err) => tracing::warn!(error = %err, "reconciling partition states failed"),
+                }
+            }
+            Ok::<_, ClusterError>((brokers, controller_watch))
+        };
+        let watches = match round.await {
+            Ok(w) => Some(w),
+            Err(ClusterError::ZooKeeper(zkc::Error::SessionExpired | zkc::Error::ClientClosed)) => {
+                return SessionEnd::Renew
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reading cluster state from ZooKeeper failed; retrying");
+                None
+            }
+        };
+        if let Ok(mut v) = shared.lock() {
+            *v = view;
+        }
+        // Start-up returns once the first view is published.
+        if let Some(r) = ready.take() {
+            let _gone = r.send(Ok(()));
+        }
+        let Some((brokers, controller_watch)) = watches else {
+            tokio::select! {
+                _ = &mut *stop => return SessionEnd::Stop,
+                () = tokio::time::sleep(RETRY) => continue,
+            }
+        };
+        tokio::select! {
+            _ = &mut *stop => return SessionEnd::Stop,
+            _ = brokers.changed() => {}
+            _ = controller_watch.changed() => {}
+            state = wait_terminal(&mut states) => {
+                tracing::warn!(broker = me.id, ?state, "ZooKeeper session lost");
+                return SessionEnd::Renew;
+            }
+        }
+    }
+}
+
+/// Waits for a terminal session state, logging the transient ones.
+async fn wait_terminal(states: &mut zkc::StateWatcher) -> zkc::SessionState {
+    loop {
+        let state = states.changed().await;
+        match state {
+            zkc::SessionState::Disconnected => {
+                tracing::warn!("ZooKeeper connection lost; reconnecting within the session")
+            }
+            zkc::SessionState::SyncConnected | zkc::SessionState::ConnectedReadOnly => {
+                tracing::info!(?state, "ZooKeeper connection back")
+            }
+            terminal => return terminal,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_connect;
+
+    #[test]
+    fn connect_strings() {
+        assert_eq!(split_connect("a:1").unwrap(), ("a:1".into(), None));
+        assert_eq!(split_connect("a:1,b:2/kafka/x").unwrap(), ("a:1,b:2".into(), Some("/kafka/x".into())));
+        assert_eq!(split_connect("a:1/").unwrap(), ("a:1".into(), None));
+        for bad in ["", "a", "a:x", ":1", "a:1,", "/x", "a:1//x"] {
+            assert!(split_connect(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,2 @@
+//! Helpers shared by the broker's integration tests.
+pub mod zk;
