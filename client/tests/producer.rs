@@ -28,7 +28,7 @@ async fn produce_then_consume_round_trips_in_order() {
     let mut next = [0u64; 3];
     for (i, f) in futures.into_iter().enumerate() {
         let md = f.await.expect("delivered");
-        assert_eq!((md.topic.as_str(), md.partition), ("t", i as u32 % 3));
+        assert_eq!((&*md.topic, md.partition), ("t", i as u32 % 3));
         assert_eq!(md.offset, next[md.partition as usize], "offsets are dense and in send order");
         next[md.partition as usize] += 1;
     }

@@ -126,6 +126,25 @@ fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
+/// Appends `record` to `batch` and returns its future.
+fn push_record(
+    batch: &mut OpenBatch,
+    record: &ProducerRecord,
+    bytes: usize,
+    timestamp_ms: i64,
+) -> DeliveryFuture {
+    if record.headers.is_empty() {
+        batch.builder.push(record.key.as_deref(), &record.value, &[], timestamp_ms);
+    } else {
+        let headers: Vec<HeaderRef<'_>> = record.headers.iter().map(|(k, v)| (k.as_str(), &v[..])).collect();
+        batch.builder.push(record.key.as_deref(), &record.value, &headers, timestamp_ms);
+    }
+    let future = batch.completion.future(batch.record_count, timestamp_ms);
+    batch.record_count += 1;
+    batch.buffer_bytes += bytes;
+    future
+}
+
 /// What a sender task finds when it looks for work.
 pub(super) enum Work {
     Some,
@@ -197,25 +216,26 @@ impl Core {
         if partition >= count {
             return Some(Err(ClientError::UnknownPartition { topic: record.topic.clone(), partition }));
         }
-        let full = topic.partitions[partition as usize]
-            .open
-            .as_ref()
-            .is_some_and(|b| b.record_count > 0 && b.builder.estimated_bytes() + bytes > self.batch_bytes);
+        // Fast path, one map lookup per record: the partition has an open
+        // batch with room for this record.
+        if let Some(batch) = topic.partitions[partition as usize].open.as_mut() {
+            let full = batch.record_count > 0 && batch.builder.estimated_bytes() + bytes > self.batch_bytes;
+            if !full {
+                let future = push_record(batch, record, bytes, timestamp_ms);
+                if batch.builder.estimated_bytes() >= self.batch_bytes {
+                    let name = topic.name.clone();
+                    self.seal(state, &name, partition);
+                }
+                return Some(Ok(future));
+            }
+        }
         let name = topic.name.clone();
+        let full = topic.partitions[partition as usize].open.is_some();
         if full {
             self.seal(state, &name, partition);
         }
         let batch = self.open_batch(state, &name, partition);
-        if record.headers.is_empty() {
-            batch.builder.push(record.key.as_deref(), &record.value, &[], timestamp_ms);
-        } else {
-            let headers: Vec<HeaderRef<'_>> =
-                record.headers.iter().map(|(k, v)| (k.as_str(), &v[..])).collect();
-            batch.builder.push(record.key.as_deref(), &record.value, &headers, timestamp_ms);
-        }
-        let future = batch.completion.future(batch.record_count, timestamp_ms);
-        batch.record_count += 1;
-        batch.buffer_bytes += bytes;
+        let future = push_record(batch, record, bytes, timestamp_ms);
         if batch.builder.estimated_bytes() >= self.batch_bytes {
             self.seal(state, &name, partition);
         }

@@ -135,7 +135,7 @@ impl Future for DeliveryFuture {
             State::Pending { cell, index, timestamp_ms, slot } => {
                 cell.poll_outcome(cx, slot).map(|outcome| match outcome {
                     Ok(l) => Ok(RecordMetadata {
-                        topic: cell.topic.to_string(),
+                        topic: cell.topic.clone(),
                         partition: cell.partition,
                         offset: if l.base_offset < 0 {
                             OFFSET_UNKNOWN
@@ -185,7 +185,7 @@ mod tests {
         assert_eq!(counter.0.load(Ordering::SeqCst), 5, "every waiting future woken once");
         for (i, f) in futures.iter_mut().enumerate() {
             let Poll::Ready(Ok(md)) = poll(f, &waker) else { panic!("record {i} not resolved") };
-            assert_eq!((md.topic.as_str(), md.partition), ("t", 3));
+            assert_eq!((&*md.topic, md.partition), ("t", 3));
             assert_eq!(md.offset, 40 + i as u64);
             assert_eq!(md.timestamp_ms, 100 + i as i64, "create time kept");
         }

@@ -121,7 +121,8 @@ impl ProducerRecord {
 /// Where an acknowledged record landed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordMetadata {
-    pub topic: String,
+    /// Shared with the record's batch (no allocation per delivered record).
+    pub topic: Arc<str>,
     pub partition: u32,
     /// [`OFFSET_UNKNOWN`] with `Acks::None`.
     pub offset: u64,

@@ -1,0 +1,182 @@
+//! CPU per record of the public `Producer::send` path (issue 14, target 1),
+//! against a real broker started in-process.
+//!
+//! The measure is the **CPU time of the bench thread**
+//! (`CLOCK_THREAD_CPUTIME_ID`), not wall time: the producer runs on a
+//! current-thread tokio runtime, so `send`, the sender task, the connection's
+//! writer and reader tasks and the completion tasks all run on this one
+//! thread, while the broker's shards run on threads of their own and are not
+//! counted. One iteration = one 100 B record. Cases:
+//! - `not_awaited`: `send` in a loop, only the last delivery awaited at the
+//!   end of each sample (`produce_rate`'s pattern);
+//! - `awaited`: every record's `DeliveryFuture` is awaited (in send order,
+//!   with up to `WINDOW` records in flight, as an application that keeps a
+//!   window of pending deliveries does).
+//!
+//! Keyed records use 8-byte keys over one partition's topic, so both cases
+//! hit one partition and compare like with like.
+
+use criterion::measurement::{Measurement, ValueFormatter};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use shardlog_client::{Admin, ClientConfig, DeliveryFuture, Producer, ProducerConfig, ProducerRecord};
+use std::collections::VecDeque;
+use std::time::Duration;
+
+const VALUE_BYTES: usize = 100;
+/// Deliveries pending at once in the awaited case.
+const WINDOW: usize = 4096;
+const TOPIC: &str = "bench";
+
+/// CPU time of the calling thread, in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Criterion measurement: CPU nanoseconds of the bench thread.
+struct ThreadCpu;
+
+struct CpuFormatter;
+
+impl ValueFormatter for CpuFormatter {
+    fn scale_values(&self, _typical: f64, _values: &mut [f64]) -> &'static str {
+        "cpu ns"
+    }
+
+    fn scale_throughputs(&self, _typical: f64, throughput: &Throughput, values: &mut [f64]) -> &'static str {
+        if let Throughput::Elements(n) = throughput {
+            for v in values.iter_mut() {
+                *v /= *n as f64;
+            }
+        }
+        "cpu ns/elem"
+    }
+
+    fn scale_for_machines(&self, _values: &mut [f64]) -> &'static str {
+        "cpu ns"
+    }
+}
+
+impl Measurement for ThreadCpu {
+    type Intermediate = u64;
+    type Value = u64;
+
+    fn start(&self) -> u64 {
+        thread_cpu_ns()
+    }
+
+    fn end(&self, start: u64) -> u64 {
+        thread_cpu_ns() - start
+    }
+
+    fn add(&self, a: &u64, b: &u64) -> u64 {
+        a + b
+    }
+
+    fn zero(&self) -> u64 {
+        0
+    }
+
+    fn to_f64(&self, v: &u64) -> f64 {
+        *v as f64
+    }
+
+    fn formatter(&self) -> &dyn ValueFormatter {
+        &CpuFormatter
+    }
+}
+
+struct Setup {
+    rt: tokio::runtime::Runtime,
+    producer: Producer,
+    _broker: shardlog_broker::BrokerHandle,
+    _dir: tempfile::TempDir,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = shardlog_broker::config::BrokerConfig::new(
+        dir.path().to_path_buf(),
+        "127.0.0.1:0".parse().expect("addr"),
+    );
+    config.shards = 1;
+    config.pin_cores = false;
+    let broker = shardlog_broker::start(config).expect("broker starts");
+    let addr = broker.ready.listen.to_string();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let producer = rt.block_on(async {
+        let admin = Admin::connect(ClientConfig::new(addr.clone())).await.expect("admin");
+        admin.create_topic(TOPIC, 1, &[]).await.expect("create topic");
+        Producer::new(ProducerConfig { client: ClientConfig::new(addr), ..Default::default() })
+            .await
+            .expect("producer")
+    });
+    Setup { rt, producer, _broker: broker, _dir: dir }
+}
+
+fn record(value: &bytes::Bytes, key: Option<u64>) -> ProducerRecord {
+    let r = ProducerRecord::new(TOPIC, value.clone());
+    match key {
+        Some(k) => r.with_key(bytes::Bytes::copy_from_slice(&k.to_le_bytes())),
+        None => r,
+    }
+}
+
+async fn not_awaited(producer: &Producer, value: &bytes::Bytes, keyed: bool, n: u64) {
+    let mut last = None;
+    for i in 0..n {
+        last = Some(producer.send(record(value, keyed.then_some(i))).await.expect("send"));
+    }
+    producer.flush().await.expect("flush");
+    last.expect("at least one").await.expect("delivered");
+}
+
+async fn awaited(producer: &Producer, value: &bytes::Bytes, keyed: bool, n: u64) {
+    let mut pending: VecDeque<DeliveryFuture> = VecDeque::with_capacity(WINDOW);
+    for i in 0..n {
+        if pending.len() == WINDOW {
+            pending.pop_front().expect("full").await.expect("delivered");
+        }
+        pending.push_back(producer.send(record(value, keyed.then_some(i))).await.expect("send"));
+    }
+    for f in pending {
+        f.await.expect("delivered");
+    }
+}
+
+fn producer_send(c: &mut Criterion<ThreadCpu>) {
+    let s = setup();
+    let value = bytes::Bytes::from(vec![b'x'; VALUE_BYTES]);
+    let mut g = c.benchmark_group("producer_send_100b");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(20);
+    g.measurement_time(Duration::from_secs(8));
+    for keyed in [false, true] {
+        let kind = if keyed { "keyed" } else { "unkeyed" };
+        g.bench_function(format!("not_awaited/{kind}"), |b| {
+            b.iter_custom(|n| {
+                let start = thread_cpu_ns();
+                s.rt.block_on(not_awaited(&s.producer, &value, keyed, n));
+                thread_cpu_ns() - start
+            });
+        });
+        g.bench_function(format!("awaited/{kind}"), |b| {
+            b.iter_custom(|n| {
+                let start = thread_cpu_ns();
+                s.rt.block_on(awaited(&s.producer, &value, keyed, n));
+                thread_cpu_ns() - start
+            });
+        });
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().with_measurement(ThreadCpu);
+    targets = producer_send
+}
+criterion_main!(benches);
