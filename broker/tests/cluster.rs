@@ -45,6 +45,18 @@ fn wait_for(what: &str, within: Duration, mut cond: impl FnMut() -> bool) -> Dur
     started.elapsed()
 }
 
+/// Polls `f` every 20 ms for up to `within` until it gives a value.
+fn wait_some<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn brokers_register_duplicates_are_refused_and_the_controller_moves_on() {
     let Some(zk) = Ensemble::start() else { return };
@@ -190,4 +202,77 @@ fn zookeeper_unreachable_at_start_is_retried_until_it_comes() {
     let b = starting.join().expect("thread").expect("starts once ZooKeeper serves");
     assert!(b.cluster_view().brokers.contains_key(&1));
     b.shutdown().expect("shutdown");
+}
+
+#[test]
+fn the_controller_places_requested_topics_and_tracks_brokers_leaving_and_returning() {
+    use shardlog_broker::cluster::controller::CreateTopicRequest;
+    use shardlog_broker::cluster::status;
+    let Some(zk) = Ensemble::start() else { return };
+    let connect = zk.connect_string();
+    let dirs: Vec<tempfile::TempDir> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut brokers: BTreeMap<i32, BrokerHandle> =
+        (1..=3).map(|id| (id, start(dirs[id as usize - 1].path(), id, &connect).expect("broker"))).collect();
+    let rt = rt();
+    let client = rt.block_on(zkm::connect(&connect, SESSION)).expect("zk");
+    let status = || rt.block_on(status::read_status(&client)).expect("status");
+    let request = |topic: &str, partitions: u32, replication_factor: u16| {
+        let r = CreateTopicRequest { partitions, replication_factor, config: BTreeMap::new() };
+        rt.block_on(controller::request_topic(&client, topic, &r)).expect("request");
+    };
+    let led = |s: &status::ClusterStatus| -> BTreeMap<i32, usize> {
+        s.brokers.iter().map(|b| (b.registration.id, b.leading)).collect()
+    };
+
+    // Asked of the cluster (not of the controller), placed 4 per broker, all online.
+    let asked = Instant::now();
+    request("t", 12, 1);
+    wait_for("t placed and online", Duration::from_secs(10), || {
+        let s = status();
+        s.partitions == 12 && s.offline_partitions.is_empty()
+    });
+    eprintln!("topic t (12 partitions) placed and online {:?} after the request", asked.elapsed());
+    assert_eq!(led(&status()), BTreeMap::from([(1, 4), (2, 4), (3, 4)]));
+
+    // A broker that joins later gets the partitions of a topic created after it.
+    brokers.insert(4, start(dirs[3].path(), 4, &connect).expect("broker 4"));
+    wait_for("the controller sees broker 4", Duration::from_secs(10), || status().brokers.len() == 4);
+    request("u", 4, 1);
+    wait_for("u placed", Duration::from_secs(10), || status().partitions == 16);
+    wait_for("u online", Duration::from_secs(10), || status().offline_partitions.is_empty());
+    assert_eq!(led(&status()), BTreeMap::from([(1, 4), (2, 4), (3, 4), (4, 4)]));
+    for p in 0..4 {
+        let (s, _) = rt.block_on(controller::read_partition_state(&client, "u", p)).expect("state");
+        assert_eq!(s.leader, 4, "u/{p}");
+    }
+
+    // Refused requests are dropped, not retried forever.
+    request("r3", 2, 3);
+    wait_for("the refused request is dropped", Duration::from_secs(10), || {
+        rt.block_on(client.check_stat(&paths::create_topic_request("r3"))).expect("stat").is_none()
+    });
+    assert!(rt.block_on(client.check_stat(&paths::topic("r3"))).expect("stat").is_none());
+
+    // Broker 2 leaves: its partitions go offline; it returns: online again, new leader epoch.
+    brokers.remove(&2).expect("broker 2").shutdown().expect("shutdown");
+    let s = wait_some("broker 2's partitions offline", Duration::from_secs(10), || {
+        // Status counts a partition offline as soon as its leader is gone;
+        // wait for the controller to have written the Offline states too.
+        Some(status()).filter(|s| {
+            s.offline_partitions.len() == 4
+                && s.offline_partitions.iter().all(|p| p.state == PartitionState::Offline)
+        })
+    });
+    assert!(s.offline_partitions.iter().all(|p| p.replicas == vec![2]), "{:?}", s.offline_partitions);
+    brokers.insert(2, start(dirs[1].path(), 2, &connect).expect("broker 2 again"));
+    wait_for("broker 2's partitions back online", Duration::from_secs(10), || {
+        status().offline_partitions.is_empty()
+    });
+    let back = s.offline_partitions[0].clone();
+    let (state, _) =
+        rt.block_on(controller::read_partition_state(&client, &back.topic, back.partition)).expect("state");
+    assert_eq!((state.state, state.leader, state.leader_epoch), (PartitionState::Online, 2, 2));
+    for (_, b) in brokers {
+        b.shutdown().expect("shutdown");
+    }
 }

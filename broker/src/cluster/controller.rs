@@ -198,6 +198,11 @@ pub enum Write {
         data: Vec<u8>,
         version: i32,
     },
+    /// Version-checked delete.
+    Delete {
+        path: String,
+        version: i32,
+    },
 }
 
 /// Commits `writes` together, only while `epoch` is the newest controller
@@ -214,6 +219,7 @@ pub async fn fenced_write(
         match w {
             Write::Create { path, data } => multi.add_create(path, data, &persistent)?,
             Write::Set { path, data, version } => multi.add_set_data(path, data, Some(*version))?,
+            Write::Delete { path, version } => multi.add_delete(path, Some(*version))?,
         }
     }
     match multi.commit().await {
@@ -223,10 +229,14 @@ pub async fn fenced_write(
         }
         Err(zkc::MultiWriteError::OperationFailed { index, source }) => {
             let path = match &writes[index - 1] {
-                Write::Create { path, .. } | Write::Set { path, .. } => path.clone(),
+                Write::Create { path, .. } | Write::Set { path, .. } | Write::Delete { path, .. } => {
+                    path.clone()
+                }
             };
             match source {
-                zkc::Error::NodeExists | zkc::Error::BadVersion => Err(ControllerError::Conflict { path }),
+                zkc::Error::NodeExists | zkc::Error::BadVersion | zkc::Error::NoNode => {
+                    Err(ControllerError::Conflict { path })
+                }
                 other => Err(other.into()),
             }
         }
@@ -247,6 +257,19 @@ pub async fn create_topic(
     topic: &str,
     replicas: &[Vec<i32>],
     config: BTreeMap<String, String>,
+) -> Result<(), ControllerError> {
+    create_topic_with(client, epoch, topic, replicas, config, Vec::new()).await
+}
+
+/// [`create_topic`] plus `also` in the same fenced multi-op (the request
+/// znode it answers, deleted with it).
+async fn create_topic_with(
+    client: &zkc::Client,
+    epoch: &ControllerEpoch,
+    topic: &str,
+    replicas: &[Vec<i32>],
+    config: BTreeMap<String, String>,
+    also: Vec<Write>,
 ) -> Result<(), ControllerError> {
     let topic_path = paths::topic(topic);
     if client.check_stat(&topic_path).await?.is_some() {
@@ -272,6 +295,7 @@ pub async fn create_topic(
         let path = paths::partition_state(topic, p as u32);
         writes.push(Write::Create { data: json(&path, &state)?, path });
     }
+    writes.extend(also);
     match fenced_write(client, epoch, &writes).await {
         Err(ControllerError::Conflict { path }) if path == topic_path => {
             Err(ControllerError::TopicExists(topic.into()))
@@ -328,6 +352,81 @@ pub async fn reconcile(
         }
     }
     Ok(changed)
+}
+
+/// A request to create a topic, left by any broker (or tool) in
+/// `/shardlog/admin/create_topics/<topic>` for the controller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateTopicRequest {
+    pub partitions: u32,
+    pub replication_factor: u16,
+    #[serde(default)]
+    pub config: BTreeMap<String, String>,
+}
+
+/// Hands a topic creation to the controller (any broker may call this).
+pub async fn request_topic(
+    client: &zkc::Client,
+    topic: &str,
+    request: &CreateTopicRequest,
+) -> Result<(), ControllerError> {
+    let path = paths::create_topic_request(topic);
+    let data = json(&path, request)?;
+    let persistent = zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all());
+    match client.create(&path, &data, &persistent).await {
+        Ok(_) => Ok(()),
+        Err(zkc::Error::NodeExists) => Err(ControllerError::TopicExists(topic.into())),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The controller's side: places and creates every requested topic over
+/// the live brokers (`placement::place`, leaders balanced against what
+/// each broker leads already), deleting each request in the same fenced
+/// multi-op. A request that cannot be met (a topic that exists, a
+/// replication factor above 1, no live broker) is deleted with a log line.
+pub async fn serve_topic_requests(
+    client: &zkc::Client,
+    epoch: &ControllerEpoch,
+    live: &[super::placement::Candidate],
+) -> Result<usize, ControllerError> {
+    let mut created = 0;
+    for topic in client.list_children(paths::CREATE_TOPIC_REQUESTS).await? {
+        let path = paths::create_topic_request(&topic);
+        let (data, stat) = match client.get_data(&path).await {
+            Ok(d) => d,
+            Err(zkc::Error::NoNode) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let request: Result<CreateTopicRequest, _> = serde_json::from_slice(&data);
+        let done = Write::Delete { path: path.clone(), version: stat.version };
+        let outcome = match request {
+            Err(source) => Err(ControllerError::Json { path: path.clone(), source }),
+            Ok(r) => match super::placement::place(
+                r.partitions,
+                r.replication_factor,
+                live,
+                &leader_counts(client).await?,
+            ) {
+                Ok(replicas) => {
+                    create_topic_with(client, epoch, &topic, &replicas, r.config, vec![done.clone()]).await
+                }
+                Err(e) => Err(e.into()),
+            },
+        };
+        match outcome {
+            Ok(()) => {
+                tracing::info!(%topic, epoch = epoch.epoch, "controller created topic");
+                created += 1;
+            }
+            Err(e @ ControllerError::Fenced { .. }) => return Err(e),
+            Err(e) => {
+                tracing::warn!(%topic, error = %e, "topic creation request refused");
+                fenced_write(client, epoch, &[done]).await?;
+            }
+        }
+    }
+    Ok(created)
 }
 
 /// How many partitions each broker leads now (for placement).

@@ -25,6 +25,7 @@
 //! logged: the client reconnects within the session by itself.
 
 use super::controller::{self, ControllerEpoch};
+use super::placement::Candidate;
 use super::{BrokerRegistration, ClusterConfig, ClusterError, ClusterView, Membership};
 use std::collections::BTreeSet;
 use std::sync::{mpsc, Arc, Mutex};
@@ -42,10 +43,16 @@ pub mod paths {
     pub const CONTROLLER: &str = "/shardlog/controller";
     pub const CONTROLLER_EPOCH: &str = "/shardlog/controller_epoch";
     pub const TOPICS: &str = "/shardlog/topics";
+    /// Topic creations waiting for the controller.
+    pub const CREATE_TOPIC_REQUESTS: &str = "/shardlog/admin/create_topics";
 
     #[must_use]
     pub fn broker(id: i32) -> String {
         format!("{BROKER_IDS}/{id}")
+    }
+    #[must_use]
+    pub fn create_topic_request(topic: &str) -> String {
+        format!("{CREATE_TOPIC_REQUESTS}/{topic}")
     }
     #[must_use]
     pub fn topic(topic: &str) -> String {
@@ -100,7 +107,7 @@ pub async fn connect(connect_string: &str, session_timeout: Duration) -> Result<
 /// Creates the persistent znodes of the layout (idempotent).
 pub async fn ensure_layout(client: &zkc::Client) -> Result<(), ClusterError> {
     let dir = zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all());
-    for path in [paths::BROKER_IDS, paths::TOPICS, "/shardlog/cluster"] {
+    for path in [paths::BROKER_IDS, paths::TOPICS, paths::CREATE_TOPIC_REQUESTS, "/shardlog/cluster"] {
         match client.mkdir(path, &dir).await {
             Ok(()) | Err(zkc::Error::NodeExists) => {}
             Err(e) => return Err(e.into()),
@@ -338,7 +345,15 @@ async fn serve_session(
             {
                 epoch = None;
             }
+            let mut requests = None;
             if let Some(e) = &epoch {
+                let (_, watch) = client.list_and_watch_children(paths::CREATE_TOPIC_REQUESTS).await?;
+                requests = Some(watch);
+                let candidates: Vec<Candidate> =
+                    view.brokers.values().map(|b| Candidate { id: b.id, rack: b.rack.clone() }).collect();
+                if let Err(err) = controller::serve_topic_requests(client, e, &candidates).await {
+                    tracing::warn!(error = %err, "serving topic creation requests failed");
+                }
                 let live: BTreeSet<i32> = view.brokers.keys().copied().collect();
                 match controller::reconcile(client, e, &live).await {
                     Ok(_) => {}
@@ -349,7 +364,7 @@ async fn serve_session(
                     Err(err) => tracing::warn!(error = %err, "reconciling partition states failed"),
                 }
             }
-            Ok::<_, ClusterError>((brokers, controller_watch))
+            Ok::<_, ClusterError>((brokers, controller_watch, requests))
         };
         let watches = match round.await {
             Ok(w) => Some(w),
@@ -368,7 +383,7 @@ async fn serve_session(
         if let Some(r) = ready.take() {
             let _gone = r.send(Ok(()));
         }
-        let Some((brokers, controller_watch)) = watches else {
+        let Some((brokers, controller_watch, requests)) = watches else {
             tokio::select! {
                 _ = &mut *stop => return SessionEnd::Stop,
                 () = tokio::time::sleep(RETRY) => continue,
@@ -378,6 +393,12 @@ async fn serve_session(
             _ = &mut *stop => return SessionEnd::Stop,
             _ = brokers.changed() => {}
             _ = controller_watch.changed() => {}
+            _ = async {
+                match requests {
+                    Some(w) => w.changed().await,
+                    None => std::future::pending().await,
+                }
+            } => {}
             state = wait_terminal(&mut states) => {
                 tracing::warn!(broker = me.id, ?state, "ZooKeeper session lost");
                 return SessionEnd::Renew;
