@@ -148,7 +148,7 @@ impl BrokerHandle {
         for (shard, t) in self.threads.into_iter().enumerate() {
             let result = t.join().map_err(|e| format!("shard thread failed: {e}")).and_then(|r| r);
             if let Err(message) = result {
-                tracing::error!(shard, %message, "shard stopped with an error");
+                tracing::error!(shard, error = %message, "shard stopped with an error");
                 first_error.get_or_insert(BrokerError::Shard { shard, message });
             }
         }

@@ -375,13 +375,20 @@ pub async fn accept_connections(
             continue;
         }
         let ctx = ctx.clone();
-        glommio::spawn_local(async move {
-            ctx.connections.set(ctx.connections.get() + 1);
-            let id = ctx.track_socket(stream.as_raw_fd());
-            serve(ctx.clone(), stream).await;
-            ctx.sockets.borrow_mut().remove(&id);
-            ctx.connections.set(ctx.connections.get() - 1);
-        })
+        let peer = stream.peer_addr().map_or_else(|_| "?".to_string(), |a| a.to_string());
+        // Every line logged while serving the connection names it (the span
+        // is entered per poll of its task, never per record).
+        let span = tracing::info_span!("conn", shard = %ctx.id, listener = name, %peer);
+        glommio::spawn_local(tracing::Instrument::instrument(
+            async move {
+                ctx.connections.set(ctx.connections.get() + 1);
+                let id = ctx.track_socket(stream.as_raw_fd());
+                serve(ctx.clone(), stream).await;
+                ctx.sockets.borrow_mut().remove(&id);
+                ctx.connections.set(ctx.connections.get() - 1);
+            },
+            span,
+        ))
         .detach();
     }
 }
@@ -493,14 +500,13 @@ enum Stop {
 }
 
 async fn serve_connection(ctx: &Rc<ShardContext>, stream: TcpStream) {
-    let peer = stream.peer_addr().map_or_else(|_| "?".to_string(), |a| a.to_string());
     if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
     }
     let writer_stream = match clone_stream(&stream) {
         Ok(s) => s,
         Err(e) => {
-            tracing::warn!(%peer, error = %e, "cannot duplicate socket; closing connection");
+            tracing::warn!(error = %e, "cannot duplicate socket; closing connection");
             return;
         }
     };
@@ -514,13 +520,13 @@ async fn serve_connection(ctx: &Rc<ShardContext>, stream: TcpStream) {
     match stop {
         Stop::Reject { code, message } => {
             ShardMetrics::inc(&ctx.metrics.rejected_frames);
-            tracing::warn!(%peer, error = ?code, %message, "closing connection after a bad frame");
+            tracing::warn!(error = ?code, detail = %message, "closing connection after a bad frame");
             let _closed =
                 tx.send((dispatch::request_error(0, ApiKey::ApiVersions, code, &message), None)).await;
         }
         Stop::TimedOut(why) => {
             ShardMetrics::inc(&ctx.metrics.connections_timed_out);
-            tracing::debug!(%peer, why, "closing connection");
+            tracing::debug!(why, "closing connection");
         }
         Stop::Closed => {}
     }

@@ -16,8 +16,37 @@ use std::process::ExitCode;
 #[derive(Parser, Debug)]
 #[command(name = "shardlog", version, about = "Shardlog: a partitioned, thread-per-core commit-log broker")]
 struct Cli {
+    /// Log lines on stderr: `text` (human, coloured on a terminal) or `json`
+    /// (one object per line with the thread, e.g. `shard-0`, and the
+    /// connection span's shard, listener and peer).
+    /// The level comes from `RUST_LOG` (default `warn`).
+    #[arg(long, global = true, env = "SHARDLOG_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Installs the process's log subscriber: `RUST_LOG` filters (default
+/// `warn`), lines go to stderr (stdout carries data: consumed records,
+/// the broker's ready line).
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+        // The thread name says the shard (`shard-3`) of lines outside a
+        // connection's span.
+        LogFormat::Json => {
+            builder.json().with_thread_names(true).with_current_span(true).with_span_list(true).init()
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -305,14 +334,8 @@ enum LogCommand {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    init_logging(cli.log_format);
     let result = match cli.command {
         // The broker runs its own threads; no tokio runtime around it.
         Command::Serve(args) => serve::run(*args),

@@ -260,3 +260,99 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = build_config(args)?;
     shardlog_broker::run(config).context("broker failed")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use std::collections::BTreeSet;
+
+    /// The repository's commented example settings file.
+    const EXAMPLE: &str = include_str!("../../shardlog.example.toml");
+
+    #[derive(Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn config_from(text: &str) -> anyhow::Result<BrokerConfig> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("shardlog.toml");
+        std::fs::write(&path, text)?;
+        build_config(Serve::try_parse_from(["serve", "--config", path.to_str().expect("utf-8")])?.args)
+    }
+
+    /// The example with its commented-out settings (`# key = value`) set.
+    fn every_setting_on() -> String {
+        fn uncomment(l: &str) -> &str {
+            l.strip_prefix("# ")
+                .filter(|rest| {
+                    rest.split_once(" = ")
+                        .is_some_and(|(k, _)| k.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+                })
+                .unwrap_or(l)
+        }
+        EXAMPLE.lines().map(uncomment).collect::<Vec<_>>().join("\n")
+    }
+
+    /// `section.key` for every key of the tables in `v` (one level down).
+    fn keys(v: &serde_json::Value) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for (k, v) in v.as_object().expect("table") {
+            match v.as_object() {
+                Some(inner) if k != "topic_defaults" => out.extend(inner.keys().map(|i| format!("{k}.{i}"))),
+                _ => {
+                    out.insert(k.clone());
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_example_settings_file_states_the_defaults() {
+        let example = config_from(EXAMPLE).expect("the example builds a config");
+        let defaults = config_from("").expect("defaults");
+        assert_eq!(example.limits, defaults.limits);
+        assert_eq!(example.group, defaults.group);
+        assert_eq!(example.topic_defaults, defaults.topic_defaults);
+        assert_eq!(example.hot_tail_shard_bytes, defaults.hot_tail_shard_bytes);
+        assert_eq!(example.hot_tail_partition_bytes, defaults.hot_tail_partition_bytes);
+        assert_eq!(example.retention_check_interval, defaults.retention_check_interval);
+        assert_eq!(example.fetch_path, defaults.fetch_path);
+        assert_eq!((example.listen, &example.data_dir), (defaults.listen, &defaults.data_dir));
+        assert_eq!(example.pin_cores, defaults.pin_cores);
+        // Every topic default is written out, with its default value.
+        let file: Settings = toml::from_str(EXAMPLE).expect("parses");
+        let written: Vec<(String, String)> = file.serve.topic_defaults.into_iter().collect();
+        let mut expected = defaults.topic_defaults.entries();
+        expected.sort();
+        assert_eq!(written, expected);
+    }
+
+    #[test]
+    fn the_example_settings_file_names_every_setting() {
+        let on = every_setting_on();
+        let config = config_from(&on).expect("every setting on builds a config");
+        assert!(config.cluster.is_some() && config.kafka_listen.is_some() && config.admin_listen.is_some());
+        let table: toml::Table = toml::from_str(&on).expect("parses");
+        let named = keys(&serde_json::to_value(table).expect("json"));
+        let all = keys(&serde_json::to_value(Settings::default()).expect("json"));
+        assert_eq!(named, all, "settings missing from or unknown to shardlog.example.toml");
+    }
+
+    #[test]
+    fn a_bad_setting_is_named() {
+        let err = config_from("[serve]\nshardz = 2\n").expect_err("unknown key");
+        assert!(format!("{err:#}").contains("shardz"), "{err:#}");
+        let err = config_from("[serve]\nshards = \"two\"\n").expect_err("bad value");
+        assert!(format!("{err:#}").contains("shards"), "{err:#}");
+        let err = config_from("[serve.topic_defaults]\n\"retention.ms\" = \"soon\"\n")
+            .expect_err("bad topic value");
+        assert!(
+            format!("{err:#}").contains("retention.ms") && format!("{err:#}").contains("soon"),
+            "{err:#}"
+        );
+    }
+}

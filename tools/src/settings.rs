@@ -1,5 +1,7 @@
 //! The optional TOML settings file. Precedence: flags, then environment
 //! variables (both via clap), then this file, then built-in defaults.
+//! `shardlog.example.toml` at the repository root names every setting with
+//! its default (tested in `serve.rs`); in short:
 //!
 //! ```toml
 //! bootstrap = "127.0.0.1:9092"
@@ -27,12 +29,12 @@
 //! ```
 
 use anyhow::Context;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub bootstrap: Option<String>,
@@ -46,7 +48,7 @@ pub struct Settings {
     pub consumer: ConsumerSettings,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServeSettings {
     pub data_dir: Option<PathBuf>,
@@ -88,7 +90,7 @@ pub struct ServeSettings {
     pub topic_defaults: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProducerSettings {
     pub acks: Option<String>,
@@ -99,7 +101,7 @@ pub struct ProducerSettings {
     pub retries: Option<u32>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConsumerSettings {
     pub fetch_max_wait_ms: Option<u32>,

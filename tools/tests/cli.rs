@@ -321,3 +321,52 @@ fn serve_refuses_colliding_ports_and_names_both_uses() {
         "{stderr}"
     );
 }
+
+#[test]
+fn log_format_json_writes_one_object_per_line_with_the_connection_span() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = common::serve_command(dir.path(), 1, &["--log-format", "json"]);
+    cmd.env("RUST_LOG", "info").stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn shardlog serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let (mut child, ready) = common::wait_ready(child);
+    let errors = lines_of(stderr);
+
+    // A frame longer than any limit: the broker closes the connection with
+    // a warning logged inside the connection's span.
+    let mut sock = std::net::TcpStream::connect(&ready.listen).expect("connect");
+    sock.write_all(&[0xff, 0xff, 0xff, 0xf0]).expect("write");
+    let mut rest = Vec::new();
+    let _closed = sock.read_to_end(&mut rest);
+
+    let deadline = Instant::now() + COMMAND_DEADLINE;
+    let mut objects = Vec::new();
+    let bad_frame = loop {
+        let line = errors
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("no bad-frame line");
+        let v: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
+        if v["fields"]["message"] == "closing connection after a bad frame" {
+            break v;
+        }
+        objects.push(v);
+    };
+    assert_eq!(bad_frame["level"], "WARN", "{bad_frame}");
+    assert!(bad_frame["threadName"].as_str().is_some_and(|t| t.starts_with("shard-0")), "{bad_frame}");
+    assert_eq!(bad_frame["fields"]["error"], "RequestTooLarge", "{bad_frame}");
+    let span = &bad_frame["span"];
+    assert_eq!(span["name"], "conn", "{bad_frame}");
+    assert_eq!(span["listener"], "public", "{bad_frame}");
+    assert_eq!(span["peer"], sock.local_addr().expect("addr").to_string(), "{bad_frame}");
+    assert!(
+        objects.iter().all(|v| v["level"].is_string() && v["timestamp"].is_string()),
+        "start-up lines: {objects:?}"
+    );
+    signal_and_wait(&mut child, "-TERM", "broker");
+    for line in errors.try_iter() {
+        serde_json::from_str::<serde_json::Value>(&line)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
+    }
+}

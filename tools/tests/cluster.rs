@@ -31,32 +31,16 @@ impl Drop for Proc {
 }
 
 fn serve_command(dir: &std::path::Path, id: i32, zookeeper: &str) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.args([
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--no-pin-cores",
-        "--shards",
-        "1",
-        "--offsets-topic-partitions",
-        "1",
-    ])
-    .arg("--data-dir")
-    .arg(dir)
-    .args(["--broker-id", &id.to_string(), "--zookeeper", zookeeper, "--advertised-host", "127.0.0.1"])
-    .args(["--zookeeper-session-timeout-ms", &SESSION_MS.to_string()]);
+    let mut cmd = common::serve_command(dir, 1, &["--offsets-topic-partitions", "1"]);
+    cmd.args(["--broker-id", &id.to_string(), "--zookeeper", zookeeper, "--advertised-host", "127.0.0.1"])
+        .args(["--zookeeper-session-timeout-ms", &SESSION_MS.to_string()]);
     cmd
 }
 
 /// Starts broker `id` and waits for its ready line.
 fn serve(id: i32, zookeeper: &str) -> Proc {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut child = serve_command(dir.path(), id, zookeeper)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn");
+    let mut child = serve_command(dir.path(), id, zookeeper).stderr(Stdio::inherit()).spawn().expect("spawn");
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("ready line");
     assert!(line.starts_with("shardlog ready: "), "broker {id}: {line:?}");

@@ -27,22 +27,32 @@ pub fn serve(dir: &Path, shards: usize) -> (Child, Ready) {
 
 /// `serve` with `extra` flags after the usual ones.
 pub fn serve_with(dir: &Path, shards: usize, extra: &[&str]) -> (Child, Ready) {
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-pin-cores",
-            "--shards",
-            &shards.to_string(),
-            "--data-dir",
-        ])
-        .arg(dir)
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn shardlog serve");
+    let child =
+        serve_command(dir, shards, extra).stderr(Stdio::inherit()).spawn().expect("spawn shardlog serve");
+    wait_ready(child)
+}
+
+/// The `shardlog serve` command of [`serve_with`], stdout piped for the
+/// ready line, to spawn with changes (environment, stderr).
+pub fn serve_command(dir: &Path, shards: usize, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--no-pin-cores",
+        "--shards",
+        &shards.to_string(),
+        "--data-dir",
+    ])
+    .arg(dir)
+    .args(extra)
+    .stdout(Stdio::piped());
+    cmd
+}
+
+/// Waits for a spawned broker's ready line.
+pub fn wait_ready(mut child: Child) -> (Child, Ready) {
     let stdout = child.stdout.take().expect("stdout");
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line).expect("ready line");
