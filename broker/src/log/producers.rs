@@ -161,4 +161,30 @@ mod tests {
         s.record(1, 0, b(i32::MAX - 9, i32::MAX, 60));
         assert_eq!(s.check(1, 0, 0, 4), Ok(Verdict::Append));
     }
+
+    proptest::proptest! {
+        #[test]
+        fn retry_of_any_cached_batch_is_a_duplicate(
+            sizes in proptest::collection::vec(1u32..50, 1..20),
+            back in 0usize..BATCHES_CACHED_MAX,
+        ) {
+            let mut s = ProducerStates::default();
+            let mut seq = 0i32;
+            let mut offset = 0u64;
+            let mut done = Vec::new();
+            for n in &sizes {
+                let last = seq_last(seq, *n);
+                proptest::prop_assert_eq!(s.check(3, 0, seq, last), Ok(Verdict::Append));
+                let batch = BatchSeq { first_seq: seq, last_seq: last, base_offset: offset, last_offset: offset + u64::from(*n) - 1 };
+                s.record(3, 0, batch);
+                done.push(batch);
+                seq = seq_next(last);
+                offset += u64::from(*n);
+            }
+            if back < done.len() {
+                let b = done[done.len() - 1 - back];
+                proptest::prop_assert_eq!(s.check(3, 0, b.first_seq, b.last_seq), Ok(Verdict::Duplicate { base_offset: b.base_offset }));
+            }
+        }
+    }
 }
