@@ -69,6 +69,7 @@ mod files;
 mod hot;
 pub mod index;
 mod notify;
+pub mod producers;
 mod segment;
 
 pub use compact::CompactOutcome;
