@@ -389,6 +389,32 @@ impl std::str::FromStr for FetchPath {
     }
 }
 
+/// How Metadata presents this broker to Kafka clients (`--kafka-advertise`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KafkaAdvertise {
+    /// Every shard is its own Kafka node at its own port, leader of the
+    /// partitions it owns: clients reach the owner with no cross-core hop.
+    /// The default (measured: ARCHITECTURE.md, `broker/src/kafka/`).
+    #[default]
+    PerShard,
+    /// One node at the shared Kafka port for all partitions: a request is
+    /// served by whichever shard accepted the connection, and the parts of
+    /// partitions it does not own are forwarded over the mesh.
+    Shared,
+}
+
+impl std::str::FromStr for KafkaAdvertise {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "per-shard" => Ok(KafkaAdvertise::PerShard),
+            "shared" => Ok(KafkaAdvertise::Shared),
+            _ => Err(format!("unknown Kafka advertise mode `{s}`: expected per-shard or shared")),
+        }
+    }
+}
+
 /// Everything `shardlog serve` needs.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
@@ -417,6 +443,8 @@ pub struct BrokerConfig {
     /// Every shard accepts on it, and shard `i` also on its port + 1 + i,
     /// which Metadata names as Kafka node `i` (`kafka` module).
     pub kafka_listen: Option<SocketAddr>,
+    /// How Metadata presents the shards to Kafka clients.
+    pub kafka_advertise: KafkaAdvertise,
     pub fetch_path: FetchPath,
     /// Memory each shard keeps for recently appended batches (the hot tail
     /// served to consumers at the end of the log); 0 turns it off.
@@ -451,6 +479,7 @@ impl BrokerConfig {
             retention_check_interval: Duration::from_secs(30),
             admin_listen: None,
             kafka_listen: None,
+            kafka_advertise: KafkaAdvertise::PerShard,
             // Measured faster for cold (on-disk) reads, the ones that reach
             // files once the hot tail serves the log end: perf-reports/fetch-*.
             fetch_path: FetchPath::Plain,

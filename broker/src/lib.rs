@@ -280,6 +280,7 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
                 kafka: kafka_sockets[i].take(),
             },
             kafka_ports: kafka_ports.clone(),
+            kafka_port: kafka_addr.map_or(0, |a| a.port()),
             host: host.clone(),
             topics: topics.clone(),
             mesh: mesh.clone(),
@@ -395,6 +396,8 @@ struct ShardSpec {
     shard_ports: Vec<u16>,
     /// Each shard's own Kafka port (empty without `--kafka-listen`).
     kafka_ports: Vec<u16>,
+    /// The shared Kafka port (0 without `--kafka-listen`).
+    kafka_port: u16,
     listeners: Listeners,
     host: String,
     topics: TopicTable,
@@ -424,6 +427,7 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
         public_port: spec.public_port,
         shard_ports,
         kafka_ports: spec.kafka_ports,
+        kafka_port: spec.kafka_port,
     };
     let config = Rc::new(spec.config);
     let splicer = match config.fetch_path {

@@ -132,6 +132,8 @@ pub struct Endpoints {
     pub shard_ports: Vec<u16>,
     /// Each shard's own Kafka port (empty without `--kafka-listen`).
     pub kafka_ports: Vec<u16>,
+    /// The Kafka port every shard accepts on (0 without `--kafka-listen`).
+    pub kafka_port: u16,
 }
 
 /// Everything one shard owns. Shared as `Rc` by the tasks of that shard only.

@@ -34,6 +34,11 @@ pub struct ServeArgs {
     /// which Metadata gives Kafka clients as node i.
     #[arg(long, env = "SHARDLOG_KAFKA_LISTEN", value_name = "HOST:PORT")]
     kafka_listen: Option<SocketAddr>,
+    /// How Metadata presents the shards to Kafka clients: `per-shard` (each
+    /// shard a node at its own port, the default) or `shared` (one node at
+    /// the --kafka-listen port; other shards' partitions are forwarded).
+    #[arg(long, env = "SHARDLOG_KAFKA_ADVERTISE", value_name = "per-shard|shared")]
+    kafka_advertise: Option<String>,
     /// TOML settings file ([serve] section); flags and env vars win over it.
     #[arg(long = "config", env = "SHARDLOG_CONFIG", value_name = "FILE.toml")]
     config: Option<PathBuf>,
@@ -168,6 +173,9 @@ pub fn build_config(args: ServeArgs) -> anyhow::Result<BrokerConfig> {
     }
     config.admin_listen = args.admin_listen.or(file.admin_listen);
     config.kafka_listen = args.kafka_listen.or(file.kafka_listen);
+    if let Some(mode) = args.kafka_advertise.or(file.kafka_advertise) {
+        config.kafka_advertise = mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+    }
     if let Some(b) = args.hot_tail_shard_bytes.or(file.hot_tail_shard_bytes) {
         config.hot_tail_shard_bytes = b;
     }

@@ -56,6 +56,7 @@ pub struct ServeSettings {
     pub shards: Option<usize>,
     pub admin_listen: Option<SocketAddr>,
     pub kafka_listen: Option<SocketAddr>,
+    pub kafka_advertise: Option<String>,
     pub shard_port_base: Option<u16>,
     pub advertised_host: Option<String>,
     pub broker_id: Option<i32>,

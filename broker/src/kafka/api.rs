@@ -3,7 +3,7 @@
 //! `kafka-protocol` and its error codes ([`super::error_code`]).
 
 use super::records::{kafka_to_native, native_to_kafka};
-use super::{error_code, node_id, SUPPORTED};
+use super::{advertised_node, error_code, node_id, SUPPORTED};
 use crate::dispatch::produce::{produce_one, ProduceOutcome};
 use crate::metrics::ApiClass;
 use crate::partition::PartitionError;
@@ -129,17 +129,18 @@ pub(super) fn unsupported_api_versions(correlation_id: i32) -> Vec<u8> {
     super::response_frame(correlation_id, 0, &body)
 }
 
-/// Every shard of this broker as a Kafka node at its own Kafka port.
+/// Every Kafka node of this broker ([`advertised_node`]: one per shard, or
+/// the shared one).
 fn brokers(ctx: &ShardContext) -> Vec<metadata_response::MetadataResponseBroker> {
-    ctx.endpoints
-        .kafka_ports
-        .iter()
-        .enumerate()
-        .map(|(shard, port)| {
+    let mut nodes: Vec<(i32, u16)> = (0..ctx.shard_count).map(|shard| advertised_node(ctx, shard)).collect();
+    nodes.dedup();
+    nodes
+        .into_iter()
+        .map(|(node, port)| {
             let mut b = metadata_response::MetadataResponseBroker::default();
-            b.node_id = BrokerId(node_id(ctx.config.broker_id, shard as u16));
+            b.node_id = BrokerId(node);
             b.host = s(&ctx.endpoints.host);
-            b.port = i32::from(*port);
+            b.port = i32::from(port);
             b
         })
         .collect()
@@ -173,7 +174,7 @@ fn metadata(ctx: &Rc<ShardContext>, req: MetadataRequest, version: i16) -> Answe
             Some(meta) => {
                 t.partitions = (0..meta.partitions)
                     .map(|p| {
-                        let leader = BrokerId(node_id(ctx.config.broker_id, ctx.owner(&topic, p).0));
+                        let leader = BrokerId(advertised_node(ctx, ctx.owner(&topic, p).0).0);
                         let mut part = metadata_response::MetadataResponsePartition::default();
                         part.partition_index = p as i32;
                         part.leader_id = leader;

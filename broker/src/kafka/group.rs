@@ -9,7 +9,7 @@
 //! encoder refuses them otherwise), hence the version checks below.
 
 use super::api::{encoded, name, s, Answer};
-use super::{error_code, node_id};
+use super::error_code;
 use crate::group;
 use crate::group::api::*;
 use crate::shard::ShardContext;
@@ -43,8 +43,8 @@ pub(super) fn find_coordinator(ctx: &ShardContext, req: FindCoordinatorRequest, 
             return Err(GroupError::new(ErrorCode::InvalidRequest, "only group coordinators (key type 0)"));
         }
         let (_, shard) = group::coordinator_of(ctx, key)?;
-        let port = ctx.endpoints.kafka_ports.get(shard.0 as usize).copied().unwrap_or_default();
-        Ok((node_id(ctx.config.broker_id, shard.0), i32::from(port)))
+        let (node, port) = super::advertised_node(ctx, shard.0);
+        Ok((node, i32::from(port)))
     };
     if version >= 4 {
         for key in &req.coordinator_keys {

@@ -9,6 +9,10 @@
 //! partitions shard `i` owns, so Kafka clients, like native ones, reach the
 //! owning shard with no cross-core hop. A request that still reaches another
 //! shard (a client with stale metadata) is served through the mesh.
+//! `--kafka-advertise shared` names one node at the shared port instead
+//! ([`advertised_node`]): every request is served where it was accepted,
+//! forwarding the parts of other shards' partitions (measured against the
+//! default in ARCHITECTURE.md).
 //!
 //! **Per connection, one request at a time, in order**: as Kafka's own
 //! broker does, a connection's next request is read only once the previous
@@ -25,6 +29,7 @@ mod api;
 mod group;
 pub mod records;
 
+use crate::config::KafkaAdvertise;
 use crate::shard::ShardContext;
 use bytes::{Bytes, BytesMut};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
@@ -42,6 +47,19 @@ pub const NODES_PER_BROKER: i32 = 1024;
 #[must_use]
 pub fn node_id(broker_id: i32, shard: u16) -> i32 {
     broker_id.saturating_mul(NODES_PER_BROKER).saturating_add(i32::from(shard))
+}
+
+/// The Kafka node (id, port) Metadata and FindCoordinator name for what
+/// `shard` owns: the shard's own node, or with `--kafka-advertise shared`
+/// the broker's one node at the shared port.
+pub(crate) fn advertised_node(ctx: &ShardContext, shard: u16) -> (i32, u16) {
+    match ctx.config.kafka_advertise {
+        KafkaAdvertise::PerShard => (
+            node_id(ctx.config.broker_id, shard),
+            ctx.endpoints.kafka_ports.get(usize::from(shard)).copied().unwrap_or_default(),
+        ),
+        KafkaAdvertise::Shared => (node_id(ctx.config.broker_id, 0), ctx.endpoints.kafka_port),
+    }
 }
 
 /// The APIs and version ranges the listener answers (ApiVersions lists them).
