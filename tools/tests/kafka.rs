@@ -76,6 +76,32 @@ fn kcat_lists_every_shard_as_a_node_and_each_partition_s_owner_as_leader() {
 }
 
 #[test]
+fn kafka_advertise_shared_presents_one_node_and_forwards_to_the_owning_shards() {
+    if !have("kcat", &["-V"]) {
+        return;
+    }
+    let broker = Broker::start_with(&["--kafka-listen", "127.0.0.1:0", "--kafka-advertise", "shared"]);
+    let kafka = broker.kafka.clone().expect("kafka= in the ready line");
+    broker.ok(&["topic", "create", "t", "--partitions", "4"], "");
+    let out = kcat(&kafka, &["-L", "-J"], "");
+    let meta: serde_json::Value = serde_json::from_str(&out).expect("kcat -J prints JSON");
+    let brokers = meta["brokers"].as_array().expect("brokers");
+    assert_eq!(brokers.len(), 1, "one node: {out}");
+    let port = kafka.rsplit(':').next().expect("port");
+    assert!(brokers[0]["name"].as_str().is_some_and(|n| n.ends_with(&format!(":{port}"))), "{out}");
+    // Every partition, whichever shard owns it, goes through the one node.
+    for p in 0..4 {
+        kcat(&kafka, &["-P", "-t", "t", "-p", &p.to_string()], &format!("r{p}\n"));
+    }
+    let out = kcat(&kafka, &["-C", "-t", "t", "-e", "-q", "-f", "%p:%o:%s\n"], "");
+    let mut lines: Vec<&str> = out.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["0:0:r0", "1:0:r1", "2:0:r2", "3:0:r3"]);
+    let native = broker.ok(&["consume", "t", "--partition", "3", "--offset", "0", "--max-messages", "1"], "");
+    assert_eq!(native.trim(), "r3");
+}
+
+#[test]
 fn kcat_and_the_native_cli_read_each_other_s_records_with_keys_headers_and_every_codec() {
     if !have("kcat", &["-V"]) {
         return;
