@@ -330,7 +330,16 @@ fn log_format_json_writes_one_object_per_line_with_the_connection_span() {
     cmd.env("RUST_LOG", "info").stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("spawn shardlog serve");
     let stderr = child.stderr.take().expect("stderr");
-    let (mut child, ready) = common::wait_ready(child);
+    let (child, ready) = common::wait_ready(child);
+    // Killed if an assertion fails first (no broker left behind).
+    struct Reap(std::process::Child);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Reap(child);
     let errors = lines_of(stderr);
 
     // A frame longer than any limit: the broker closes the connection with
@@ -364,7 +373,7 @@ fn log_format_json_writes_one_object_per_line_with_the_connection_span() {
         objects.iter().all(|v| v["level"].is_string() && v["timestamp"].is_string()),
         "start-up lines: {objects:?}"
     );
-    signal_and_wait(&mut child, "-TERM", "broker");
+    signal_and_wait(&mut child.0, "-TERM", "broker");
     for line in errors.try_iter() {
         serde_json::from_str::<serde_json::Value>(&line)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
