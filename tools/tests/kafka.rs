@@ -317,3 +317,63 @@ fn a_confluent_kafka_group_commits_and_a_restarted_member_resumes_from_its_offse
     broker.ok(&["produce", "t"], "after\n");
     assert_eq!(run("1"), "1", "resumes after the committed offsets");
 }
+
+/// Describes topic `t`'s configs with confluent-kafka's and kafka-python's
+/// admin clients; prints `name=value:default|topic` lines, then (confluent)
+/// the error of an unknown topic.
+const DESCRIBE_CONFIGS: &str = r#"
+import sys
+bootstrap, which = sys.argv[1], sys.argv[2]
+if which == "confluent":
+    from confluent_kafka.admin import AdminClient, ConfigResource
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    res = ConfigResource(ConfigResource.Type.TOPIC, "t")
+    configs = admin.describe_configs([res])[res].result(timeout=30)
+    for name, e in sorted(configs.items()):
+        print(f"{name}={e.value}:{'default' if e.is_default else 'topic'}")
+    try:
+        bad = ConfigResource(ConfigResource.Type.TOPIC, "nope")
+        admin.describe_configs([bad])[bad].result(timeout=30)
+        print("unknown topic: no error")
+    except Exception as e:
+        print("unknown topic:", e.args[0].name())
+else:
+    from kafka.admin import KafkaAdminClient, ConfigResource, ConfigResourceType
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    # kafka-python 3 answers {"topic": {name: {config: {...}}}}, leaving out
+    # the entries whose source is the default.
+    configs = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, "t")])["topic"]["t"]
+    for name, e in sorted(configs.items()):
+        kind = "default" if e["config_source"] == "DEFAULT_CONFIG" else "topic"
+        print(f"{name}={e['value']}:{kind}")
+"#;
+
+fn describe_configs_with(which: &str, module: &str) {
+    if !have("python3", &["-c", &format!("import {module}")]) {
+        return;
+    }
+    let (broker, kafka) = start();
+    broker.ok(&["topic", "create", "t", "--partitions", "1", "--config", "retention.ms=3600000"], "");
+    let out =
+        Command::new("python3").args(["-c", DESCRIBE_CONFIGS, &kafka, which]).output().expect("python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{which}: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines.contains(&"retention.ms=3600000:topic"), "{which}: {stdout}");
+    assert!(lines.iter().all(|l| !l.starts_with("retention.ms=") || l.ends_with(":topic")), "{stdout}");
+    if which == "confluent" {
+        assert!(lines.contains(&"segment.bytes=1073741824:default"), "{stdout}");
+        assert!(lines.contains(&"cleanup.policy=delete:default"), "{stdout}");
+        assert!(lines.contains(&"unknown topic: UNKNOWN_TOPIC_OR_PART"), "{stdout}");
+    }
+}
+
+#[test]
+fn confluent_kafka_describes_a_topic_s_configs() {
+    describe_configs_with("confluent", "confluent_kafka");
+}
+
+#[test]
+fn kafka_python_describes_a_topic_s_configs() {
+    describe_configs_with("kafka-python", "kafka");
+}

@@ -21,7 +21,7 @@ pub(super) fn class(api: ApiKey) -> ApiClass {
     match api {
         ApiKey::Produce => ApiClass::Produce,
         ApiKey::Fetch => ApiClass::Fetch,
-        ApiKey::CreateTopics | ApiKey::DeleteTopics => ApiClass::Admin,
+        ApiKey::CreateTopics | ApiKey::DeleteTopics | ApiKey::DescribeConfigs => ApiClass::Admin,
         ApiKey::ApiVersions | ApiKey::Metadata | ApiKey::ListOffsets => ApiClass::Metadata,
         _ => ApiClass::Group,
     }
@@ -69,6 +69,11 @@ pub(super) async fn handle(
         ApiKey::DeleteTopics => {
             delete_topics(ctx, DeleteTopicsRequest::decode(&mut body, version)?, version).await
         }
+        ApiKey::DescribeConfigs => super::configs::describe_configs(
+            ctx,
+            DescribeConfigsRequest::decode(&mut body, version)?,
+            version,
+        ),
         ApiKey::FindCoordinator => {
             group::find_coordinator(ctx, FindCoordinatorRequest::decode(&mut body, version)?, version)
         }

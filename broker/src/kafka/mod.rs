@@ -26,6 +26,7 @@
 //! APIs (clients retry lower). Nothing here panics on network input.
 
 mod api;
+mod configs;
 mod group;
 pub mod records;
 
@@ -81,6 +82,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListGroups, 0, 5),
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::DescribeConfigs, 1, 4),
 ];
 
 /// The supported version range of `key`, if any.
