@@ -1,5 +1,6 @@
 //! The log's error type. Every variant says what was being done and where.
 
+use super::producers::SeqError;
 use shardlog_schema::batch::BatchError;
 use shardlog_schema::{ErrorCode, Offset};
 use std::io;
@@ -59,6 +60,9 @@ pub enum LogError {
     /// `truncate_to` was given an offset inside a batch.
     #[error("offset {offset} is not a batch boundary in {}", dir.display())]
     NotBatchBoundary { dir: PathBuf, offset: Offset },
+    /// An idempotent producer's batch was refused by its sequence check.
+    #[error("{0}")]
+    Sequence(#[from] super::producers::SeqError),
     /// On-disk state that recovery cannot repair (a bad metadata file, an
     /// unknown format version).
     #[error("{}: {what}", path.display())]
@@ -78,6 +82,11 @@ impl LogError {
             LogError::BatchTooLarge { .. } => ErrorCode::MessageTooLarge,
             LogError::NotBatchBoundary { .. } => ErrorCode::InvalidRequest,
             LogError::TooManyOpenFiles { .. } => ErrorCode::ResourceLimit,
+            LogError::Sequence(e) => match e {
+                SeqError::OutOfOrder { .. } => ErrorCode::OutOfOrderSequence,
+                SeqError::InvalidEpoch { .. } => ErrorCode::InvalidProducerEpoch,
+                SeqError::NegativeSequence { .. } | SeqError::NotAlone { .. } => ErrorCode::InvalidRequest,
+            },
             LogError::Io { .. }
             | LogError::NoSpace { .. }
             | LogError::Failed { .. }
@@ -128,6 +137,7 @@ impl LogError {
             LogError::BatchTooLarge { bytes, max } => LogError::BatchTooLarge { bytes: *bytes, max: *max },
             LogError::Failed { dir, reason } => LogError::Failed { dir: dir.clone(), reason: reason.clone() },
             LogError::Closed { dir } => LogError::Closed { dir: dir.clone() },
+            LogError::Sequence(e) => LogError::Sequence(*e),
             LogError::NotBatchBoundary { dir, offset } => {
                 LogError::NotBatchBoundary { dir: dir.clone(), offset: *offset }
             }

@@ -8,6 +8,10 @@ impl Log {
     /// `retention.ms` (by their largest timestamp). Never the active one.
     pub async fn enforce_retention(&self, now_ms: i64) -> Result<RetentionOutcome, LogError> {
         let sh = &self.sh;
+        let expired = sh.st.borrow_mut().producers.expire(now_ms, producers::PRODUCER_EXPIRATION_MS);
+        if expired > 0 {
+            tracing::debug!(dir = %sh.dir.display(), expired, "forgot idle idempotent producers");
+        }
         if !sh.config.cleanup_policy.deletes() {
             return Ok(RetentionOutcome::default());
         }
@@ -66,6 +70,7 @@ impl Log {
         };
         let file = write_file(sh, base).await?;
         seal_active(sh, &file).await?;
+        idempotence::write_snapshot(sh).await?;
         let marker = CleanMarker { next_offset: next, active_base: base, active_bytes: end_pos };
         let json = serde_json::to_vec(&marker).expect("marker serializes");
         segment::write_file_durably(&sh.dir.join(CLEAN_SHUTDOWN_FILE), json).await?;

@@ -314,6 +314,8 @@ struct State {
     /// Bounded by [`LogOptions::open_readers_max`] so thousands of segments do not hold
     /// thousands of fds.
     open_readers: VecDeque<(u64, bool)>,
+    /// Idempotent producers' sequence windows (`idempotence`).
+    producers: producers::ProducerStates,
 }
 
 /// Metadata of a batch copied into the fill buffer but not yet written.
@@ -489,6 +491,7 @@ impl Log {
         loop {
             let listen = sh.changed.listen();
             let mut start_roll = false;
+            let mut duplicate = None;
             let slot_and_info = {
                 let mut st = sh.st.borrow_mut();
                 st.check_writable(&sh.dir)?;
@@ -515,10 +518,19 @@ impl Log {
                     && st.active.end_pos > st.active.written_pos
                 {
                     None // back-pressure: wait for the write in flight
+                } else if let Some(dup) = st.check_sequences(headers)? {
+                    duplicate = Some(dup);
+                    None
                 } else {
-                    Some(st.enqueue(batches, headers, leader_epoch, durable))
+                    let (slot, info) = st.enqueue(batches, headers, leader_epoch, durable);
+                    st.record_sequences(headers, info.base_offset.0);
+                    Some((slot, info))
                 }
             };
+            if let Some(dup) = duplicate {
+                drop(ticket);
+                return self.answer_duplicate(dup).await;
+            }
             match slot_and_info {
                 Some((slot, info)) => {
                     drop(ticket);
@@ -534,6 +546,30 @@ impl Log {
                     listen.await;
                 }
             }
+        }
+    }
+
+    /// A retried idempotent batch: answered with the offsets it was first
+    /// given, once they are as safe as a new append's would be (below the
+    /// high watermark), without appending it again.
+    async fn answer_duplicate(&self, dup: idempotence::Duplicate) -> Result<AppendInfo, LogError> {
+        let sh = &self.sh;
+        loop {
+            let listen = sh.changed.listen();
+            {
+                let st = sh.st.borrow();
+                st.check_writable(&sh.dir)?;
+                if st.high_watermark(&sh.config).0 > dup.last_offset {
+                    return Ok(AppendInfo {
+                        base_offset: Offset(dup.base_offset),
+                        last_offset: Offset(dup.last_offset),
+                        append_time_ms: now_ms(),
+                        log_start_offset: Offset(st.start_offset()),
+                    });
+                }
+            }
+            kick_write(sh);
+            listen.await;
         }
     }
 
@@ -743,6 +779,7 @@ impl Scan {
             index: IndexBuilder::new(interval),
             stop: ScanStop::Clean,
             batches: 0,
+            producers: Vec::new(),
         }
     }
 }
@@ -777,6 +814,7 @@ async fn sync_dir(dir: &Path) -> Result<(), LogError> {
     Ok(())
 }
 
+mod idempotence;
 mod lifecycle;
 mod read;
 mod recovery;

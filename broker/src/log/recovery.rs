@@ -241,6 +241,7 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
     // memory, and the first one that does not reopens it lazily.
     drop(reader);
     let file = counted_write_file(file, &options.files);
+    let producers = idempotence::rebuild(&dir, &scan, scan.next_offset);
     let active = Active::new(base, path, file, ReaderSlot::new(&options.files), scan, tail);
     let hot =
         hot::HotWindow::new(options.hot_tail.clone(), options.hot_tail_log_bytes_max, base, active.end_pos);
@@ -279,6 +280,7 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
             open_readers: VecDeque::new(),
             compacting: false,
             cleaned_upto: 0,
+            producers,
         }),
         changed: Notify::default(),
         hot,
@@ -325,6 +327,7 @@ async fn open_last(
                 index: IndexBuilder::from_parts(config.index_interval_bytes, entries, times, s.max_timestamp),
                 stop: ScanStop::Clean,
                 batches: 0,
+                producers: Vec::new(),
             }
         }
         None => {
@@ -401,7 +404,7 @@ async fn truncate_inner(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
         }
     };
     let reader = read::segment_reader(sh, seg_base, false).await?;
-    let scan = recover_scan(&reader, seg_base, size, interval, Some(offset), gaps_below).await?;
+    let mut scan = recover_scan(&reader, seg_base, size, interval, Some(offset), gaps_below).await?;
     if scan.next_offset != offset {
         return Err(LogError::NotBatchBoundary { dir: sh.dir.clone(), offset: Offset(offset) });
     }
@@ -422,6 +425,7 @@ async fn truncate_inner(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
         remove_if_exists(&segment::segment_path(&sh.dir, seg_base, ext)).await?;
     }
     let scan_end = scan.valid_bytes;
+    let replay = std::mem::take(&mut scan.producers);
     let tail_start = align_down(scan.valid_bytes, sh.block);
     let tail = reader.read_bytes(tail_start, (scan.valid_bytes - tail_start) as usize).await?;
     let slot = ReaderSlot::new(&sh.files);
@@ -433,6 +437,7 @@ async fn truncate_inner(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
             let s = st.closed.pop_back().expect("back exists");
             st.closed_bytes -= s.size();
         }
+        st.producers_truncated(offset, &replay);
         std::mem::replace(&mut st.active, new)
     };
     touch_write_file(sh);
@@ -440,6 +445,9 @@ async fn truncate_inner(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
     if let Some(f) = old.file {
         close_dma(f, &old.path).await?;
     }
+    // The last snapshot may be from past `offset`: appends from here would
+    // fall before its offset and not be replayed at open (`idempotence`).
+    idempotence::write_snapshot(sh).await?;
     tracing::info!(dir = %sh.dir.display(), offset, "log truncated");
     sync_dir(&sh.dir).await
 }

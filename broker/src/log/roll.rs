@@ -40,6 +40,9 @@ pub(super) async fn roll(sh: &Rc<Shared>) -> Result<(), LogError> {
         .await
         .map_err(|e| LogError::io("rolling segment", &sh.dir, e))?;
     flush_inner(sh).await?;
+    // The producer state as of the new segment's base: what recovery of the
+    // new active segment replays on top of (`idempotence`).
+    idempotence::write_snapshot(sh).await?;
     let base = sh.st.borrow().active.base;
     let file = write_file(sh, base).await?;
     let summary = seal_active(sh, &file).await?;

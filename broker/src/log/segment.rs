@@ -302,6 +302,9 @@ pub(crate) struct Scan {
     pub index: IndexBuilder,
     pub stop: ScanStop,
     pub batches: u64,
+    /// The idempotent batches seen, in log order (producer id, epoch,
+    /// sequences and offsets), to rebuild the producer state from.
+    pub producers: Vec<(i64, i16, super::producers::BatchSeq)>,
 }
 
 /// Reads per step during recovery.
@@ -331,6 +334,7 @@ pub(crate) async fn recover_scan(
         index: IndexBuilder::new(interval_bytes),
         stop: ScanStop::Clean,
         batches: 0,
+        producers: Vec::new(),
     };
     let mut buf: Vec<u8> = Vec::new();
     let mut buf_pos = 0u64; // file position of buf[0]
@@ -384,6 +388,9 @@ pub(crate) async fn recover_scan(
             return Ok(scan);
         };
         scan.index.on_batch(rel, pos, header.first_timestamp, header.max_timestamp);
+        if let Some(seq) = super::producers::BatchSeq::of(&header) {
+            scan.producers.push((header.producer_id, header.producer_epoch, seq));
+        }
         scan.valid_bytes += header.total_bytes() as u64;
         scan.next_offset = header.next_offset();
         scan.batches += 1;

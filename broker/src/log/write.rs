@@ -195,6 +195,7 @@ impl State {
         }
         a.end_pos = a.written_pos;
         a.next_offset = a.written_next;
+        let rolled_back_from = a.next_offset;
         a.unwritten_batches.clear();
         a.hot_staged.clear();
         // A later write still in flight writes bytes past the rolled-back end:
@@ -207,6 +208,7 @@ impl State {
         a.fill.push_back(first);
         a.fill_start = a.tail_start;
         a.fill_len = a.tail.len();
+        self.producers.truncate_from(rolled_back_from);
         for w in self.unwritten.drain(..) {
             w.slot.resolve(Err(err.duplicate()));
         }

@@ -157,10 +157,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for ApiKey {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ERROR_CODE: u16 = 32;
+pub const ENUM_MAX_ERROR_CODE: u16 = 34;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 33] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 35] = [
   ErrorCode::None,
   ErrorCode::Unknown,
   ErrorCode::CorruptMessage,
@@ -194,6 +194,8 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 33] = [
   ErrorCode::InvalidSessionTimeout,
   ErrorCode::GroupMaxSizeReached,
   ErrorCode::OffsetMetadataTooLarge,
+  ErrorCode::OutOfOrderSequence,
+  ErrorCode::InvalidProducerEpoch,
 ];
 
 /// Error codes a client can see. Append only; never renumber.
@@ -247,9 +249,15 @@ impl ErrorCode {
   pub const GroupMaxSizeReached: Self = Self(31);
   /// An offset commit with metadata over the broker's limit.
   pub const OffsetMetadataTooLarge: Self = Self(32);
+  /// An idempotent producer's batch does not follow its last one (a gap
+  /// or a reordering): the producer must not go on with this sequence.
+  pub const OutOfOrderSequence: Self = Self(33);
+  /// An idempotent producer's epoch is older than the partition's (another
+  /// instance with the same producer id has taken over).
+  pub const InvalidProducerEpoch: Self = Self(34);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 32;
+  pub const ENUM_MAX: u16 = 34;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::None,
     Self::Unknown,
@@ -284,6 +292,8 @@ impl ErrorCode {
     Self::InvalidSessionTimeout,
     Self::GroupMaxSizeReached,
     Self::OffsetMetadataTooLarge,
+    Self::OutOfOrderSequence,
+    Self::InvalidProducerEpoch,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -321,6 +331,8 @@ impl ErrorCode {
       Self::InvalidSessionTimeout => Some("InvalidSessionTimeout"),
       Self::GroupMaxSizeReached => Some("GroupMaxSizeReached"),
       Self::OffsetMetadataTooLarge => Some("OffsetMetadataTooLarge"),
+      Self::OutOfOrderSequence => Some("OutOfOrderSequence"),
+      Self::InvalidProducerEpoch => Some("InvalidProducerEpoch"),
       _ => None,
     }
   }

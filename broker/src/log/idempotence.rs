@@ -1,0 +1,130 @@
+//! The log's side of idempotent producing: the sequence check where an
+//! append is assigned its offsets, the producer-state snapshot written at
+//! each roll and clean close, and its rebuild at open. The sequence rules
+//! themselves are in `producers`.
+//!
+//! Invariants:
+//! - the check and the recording of a batch happen in one borrow of the
+//!   state, in admission order, together with the offset assignment
+//!   (`enqueue`): no other append can slip between them;
+//! - the state never names offsets the log does not hold: a rolled-back
+//!   write (`fail_write`) and `truncate_to` forget what they removed;
+//! - a snapshot holds the state as of an offset `S` (every batch below `S`,
+//!   none at or after it); at open the batches recovery scanned at or after
+//!   `S` are replayed on top of it. A clean close writes `S` = the log end,
+//!   a roll `S` = the new segment's base, so the batches to replay are
+//!   always in the active segment, which an unclean open scans anyway.
+
+use super::producers::{seq_last, BatchSeq, ProducerStates, SeqError, Verdict};
+use super::*;
+
+/// The snapshot's file name in the partition directory.
+pub(super) const PRODUCER_SNAPSHOT_FILE: &str = "producers.snapshot";
+const SNAPSHOT_TMP_FILE: &str = "producers.snapshot.tmp";
+
+/// A retried batch already in the log.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Duplicate {
+    pub base_offset: u64,
+    pub last_offset: u64,
+}
+
+impl State {
+    /// Checks the append's idempotent batch, if it has one. An idempotent
+    /// batch must be the only batch of its append (as Kafka requires one
+    /// batch per partition of a produce request).
+    pub(super) fn check_sequences(&self, headers: &[BatchHeader]) -> Result<Option<Duplicate>, LogError> {
+        let Some(h) = headers.iter().find(|h| h.producer_id >= 0) else {
+            return Ok(None);
+        };
+        if headers.len() > 1 {
+            return Err(SeqError::NotAlone { producer_id: h.producer_id, batches: headers.len() }.into());
+        }
+        if h.base_sequence < 0 {
+            return Err(SeqError::NegativeSequence {
+                producer_id: h.producer_id,
+                first_seq: h.base_sequence,
+            }
+            .into());
+        }
+        let last_seq = seq_last(h.base_sequence, h.record_count);
+        match self.producers.check(h.producer_id, h.producer_epoch, h.base_sequence, last_seq)? {
+            Verdict::Append => Ok(None),
+            Verdict::Duplicate { base_offset } => {
+                Ok(Some(Duplicate { base_offset, last_offset: base_offset + u64::from(h.last_offset_delta) }))
+            }
+        }
+    }
+
+    /// Records the idempotent batch of an append just enqueued at `base_offset`.
+    pub(super) fn record_sequences(&mut self, headers: &[BatchHeader], base_offset: u64) {
+        if let [h] = headers {
+            let stamped = BatchHeader { base_offset, ..*h };
+            if let Some(seq) = BatchSeq::of(&stamped) {
+                self.producers.record(h.producer_id, h.producer_epoch, seq, now_ms());
+            }
+        }
+    }
+}
+
+/// Writes the producer state as of the log's end, replacing the last
+/// snapshot (a temporary file, synced, renamed, directory synced). Callers
+/// hold appends back (a roll or a close in progress).
+pub(super) async fn write_snapshot(sh: &Shared) -> Result<(), LogError> {
+    let bytes = {
+        let mut st = sh.st.borrow_mut();
+        st.producers.expire(now_ms(), producers::PRODUCER_EXPIRATION_MS);
+        let end = st.active.next_offset;
+        st.producers.encode_snapshot(end)
+    };
+    let tmp = sh.dir.join(SNAPSHOT_TMP_FILE);
+    let path = sh.dir.join(PRODUCER_SNAPSHOT_FILE);
+    segment::write_file_durably(&tmp, bytes).await?;
+    glommio::io::rename(&tmp, &path).await.map_err(|e| LogError::glommio("renaming", &tmp, e))?;
+    sync_dir(&sh.dir).await
+}
+
+/// Rebuilds the producer state at open: the snapshot (if any, and readable)
+/// plus the idempotent batches `scan` found at or after its offset; nothing
+/// past `end` (the recovered log end) is kept.
+pub(super) fn rebuild(dir: &Path, scan: &Scan, end: u64) -> ProducerStates {
+    let path = dir.join(PRODUCER_SNAPSHOT_FILE);
+    // One-off small read at open, like the clean-shutdown marker.
+    let (mut states, from) = match std::fs::read(&path) {
+        Ok(bytes) => match ProducerStates::decode_snapshot(&bytes) {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                tracing::warn!(
+                    path = %path.display(), error = %e,
+                    "ignoring an unreadable producer snapshot: retries of batches written before it \
+                     may be appended twice"
+                );
+                (ProducerStates::default(), 0)
+            }
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (ProducerStates::default(), 0),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot read the producer snapshot; ignoring it");
+            (ProducerStates::default(), 0)
+        }
+    };
+    states.truncate_from(end);
+    let now = now_ms();
+    for (producer_id, epoch, seq) in scan.producers.iter().filter(|(_, _, s)| s.base_offset >= from) {
+        states.replay(*producer_id, *epoch, *seq, now);
+    }
+    states
+}
+
+impl State {
+    /// After `truncate_to(offset)`: forgets what is gone and replays what the
+    /// truncation's scan read of the segment it cut (`scan`, up to `offset`),
+    /// so the batches just before the cut are remembered again.
+    pub(super) fn producers_truncated(&mut self, offset: u64, scan: &[(i64, i16, BatchSeq)]) {
+        self.producers.truncate_from(offset);
+        let now = now_ms();
+        for (producer_id, epoch, seq) in scan {
+            self.producers.replay(*producer_id, *epoch, *seq, now);
+        }
+    }
+}
