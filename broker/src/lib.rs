@@ -20,6 +20,7 @@ pub mod log;
 pub mod metrics;
 pub mod net;
 pub mod partition;
+pub mod producer_ids;
 pub mod shard;
 pub mod topic_error;
 pub mod topics;

@@ -93,6 +93,8 @@ pub enum ShardOp {
     Group(Box<crate::group::api::GroupRequest>),
     /// The groups this shard coordinates.
     ListGroups,
+    /// To shard 0: a new idempotent producer id (`producer_ids`).
+    InitProducerId,
 }
 
 /// Produce outcome across the mesh.
@@ -114,6 +116,7 @@ pub enum ShardReply {
     Metrics(crate::metrics::MetricsSnapshot),
     Group(Box<crate::group::api::GroupResponse>),
     Groups(Vec<crate::group::api::ListedGroup>),
+    ProducerId(Result<i64, PartitionError>),
     /// The receiving shard is stopping.
     Unavailable,
 }
@@ -175,6 +178,8 @@ pub struct ShardContext {
     /// Shard 0: one topic change at a time, so that a change read-modify-
     /// writes the table while no other persists or broadcasts (both await).
     topic_changes: Semaphore,
+    /// Used on shard 0 only (`producer_ids`).
+    pub producer_ids: crate::producer_ids::Allocator,
 }
 
 impl ShardContext {
@@ -207,6 +212,7 @@ impl ShardContext {
             ..Default::default()
         };
         let (outbox, outbox_rx) = (0..config.shards).map(|_| local_channel::new_unbounded()).unzip();
+        let (config_data_dir, config_broker_id) = (config.data_dir.clone(), config.broker_id);
         Rc::new(ShardContext {
             id,
             shard_count,
@@ -231,6 +237,7 @@ impl ShardContext {
             log_options,
             store,
             topic_changes: Semaphore::new(1),
+            producer_ids: crate::producer_ids::Allocator::new(&config_data_dir, config_broker_id),
         })
     }
 
@@ -457,6 +464,7 @@ impl ShardContext {
             ShardOp::Metrics => ShardReply::Metrics(self.metrics.snapshot(self)),
             ShardOp::Group(req) => ShardReply::Group(Box::new(self.groups.handle(self, *req).await)),
             ShardOp::ListGroups => ShardReply::Groups(self.groups.list_local()),
+            ShardOp::InitProducerId => ShardReply::ProducerId(crate::producer_ids::allocate_here(self).await),
         }
     }
 

@@ -181,7 +181,7 @@ if which == "confluent":
         got.append((m.partition(), m.offset(), m.key(), m.value(), m.headers()))
 else:
     from kafka import KafkaProducer, KafkaConsumer, TopicPartition
-    p = KafkaProducer(bootstrap_servers=kafka, enable_idempotence=False, acks="all", compression_type="gzip")
+    p = KafkaProducer(bootstrap_servers=kafka, acks="all", compression_type="gzip")
     fs = [p.send("t", key=b"k%d" % (i % 7), value=b"p%d" % i, headers=[("n", str(i).encode())]) for i in range(100)]
     p.flush(20)
     [f.get(timeout=20) for f in fs]

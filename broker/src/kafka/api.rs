@@ -22,6 +22,7 @@ pub(super) fn class(api: ApiKey) -> ApiClass {
         ApiKey::Produce => ApiClass::Produce,
         ApiKey::Fetch => ApiClass::Fetch,
         ApiKey::CreateTopics | ApiKey::DeleteTopics | ApiKey::DescribeConfigs => ApiClass::Admin,
+        ApiKey::InitProducerId => ApiClass::Produce,
         ApiKey::ApiVersions | ApiKey::Metadata | ApiKey::ListOffsets => ApiClass::Metadata,
         _ => ApiClass::Group,
     }
@@ -74,6 +75,9 @@ pub(super) async fn handle(
             DescribeConfigsRequest::decode(&mut body, version)?,
             version,
         ),
+        ApiKey::InitProducerId => {
+            init_producer_id(ctx, InitProducerIdRequest::decode(&mut body, version)?, version, peer).await
+        }
         ApiKey::FindCoordinator => {
             group::find_coordinator(ctx, FindCoordinatorRequest::decode(&mut body, version)?, version)
         }
@@ -268,6 +272,49 @@ async fn produce(ctx: &Rc<ShardContext>, req: ProduceRequest, version: i16) -> A
                 r.responses.push(t);
             }
         }
+    }
+    encoded(&r, version)
+}
+
+/// Kafka error codes of InitProducerId outcomes.
+const INVALID_REQUEST: i16 = 42;
+const TRANSACTIONAL_ID_NOT_SUPPORTED: i16 = INVALID_REQUEST;
+
+/// A producer id for an idempotent producer: a new one (epoch 0), or, when
+/// the producer names its current id and epoch (v3+, KIP-360, after a
+/// sequence error), the same id at the next epoch, so that the partitions
+/// fence its older epoch. Transactions are not supported: a transactional
+/// id is refused.
+async fn init_producer_id(
+    ctx: &Rc<ShardContext>,
+    req: InitProducerIdRequest,
+    version: i16,
+    peer: &str,
+) -> Answer {
+    let mut r = InitProducerIdResponse::default();
+    r.producer_id = ProducerId(-1);
+    r.producer_epoch = -1;
+    if let Some(tid) = &req.transactional_id {
+        tracing::warn!(peer, transactional_id = %tid.0, "InitProducerId: transactions are not supported");
+        r.error_code = TRANSACTIONAL_ID_NOT_SUPPORTED;
+        return encoded(&r, version);
+    }
+    let (id, epoch) = (req.producer_id.0, req.producer_epoch);
+    if (id >= 0) != (epoch >= 0) {
+        r.error_code = INVALID_REQUEST;
+        return encoded(&r, version);
+    }
+    if id >= 0 && epoch < i16::MAX {
+        r.producer_id = ProducerId(id);
+        r.producer_epoch = epoch + 1;
+        return encoded(&r, version);
+    }
+    match crate::producer_ids::allocate(ctx).await {
+        Ok(new) => {
+            r.producer_id = ProducerId(new);
+            r.producer_epoch = 0;
+        }
+        Err(e) => r.error_code = error_code(e.code),
     }
     encoded(&r, version)
 }

@@ -83,6 +83,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::InitProducerId, 0, 4),
 ];
 
 /// The supported version range of `key`, if any.
@@ -119,6 +120,8 @@ pub fn error_code(code: ErrorCode) -> i16 {
         ErrorCode::InvalidPartitions => 37,
         ErrorCode::InvalidConfig => 40,
         ErrorCode::InvalidRequest => 42,
+        ErrorCode::OutOfOrderSequence => 45,
+        ErrorCode::InvalidProducerEpoch => 47,
         ErrorCode::StorageError => 56,
         ErrorCode::NonEmptyGroup => 68,
         ErrorCode::GroupIdNotFound => 69,
