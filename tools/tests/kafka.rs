@@ -6,30 +6,11 @@
 #[allow(dead_code, reason = "each test binary uses part of the shared helpers")]
 mod common;
 
-use common::Broker;
+use common::{have, start_kafka as start, Broker};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::Duration;
-
-fn have(cmd: &str, probe: &[&str]) -> bool {
-    let ok = Command::new(cmd)
-        .args(probe)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("SKIPPED: `{cmd}` is not installed here (.ci/run installs it)");
-    }
-    ok
-}
-
-fn start() -> (Broker, String) {
-    let broker = Broker::start_with(&["--kafka-listen", "127.0.0.1:0"]);
-    let kafka = broker.kafka.clone().expect("kafka= in the ready line");
-    (broker, kafka)
-}
 
 /// Runs kcat with a deadline; its stdout.
 fn kcat(kafka: &str, args: &[&str], stdin: &str) -> String {

@@ -7,7 +7,7 @@
 mod common;
 
 use bytes::{Bytes, BytesMut};
-use common::Broker;
+use common::{have, start_kafka as start};
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
 use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
@@ -15,12 +15,6 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Command;
 use std::time::Duration;
-
-fn start() -> (Broker, String) {
-    let broker = Broker::start_with(&["--kafka-listen", "127.0.0.1:0"]);
-    let kafka = broker.kafka.clone().expect("kafka= in the ready line");
-    (broker, kafka)
-}
 
 /// One request/response exchange on `s`.
 fn exchange<Req, Resp>(s: &mut TcpStream, key: ApiKey, version: i16, req: &Req) -> Resp
@@ -173,9 +167,7 @@ print(N)
 "#;
 
 fn idempotent_client(which: &str, module: &str) {
-    let probe = Command::new("python3").args(["-c", &format!("import {module}")]).output();
-    if !probe.is_ok_and(|o| o.status.success()) {
-        eprintln!("SKIPPED: python3 with `{module}` is not installed here (.ci/run installs it)");
+    if !have("python3", &["-c", &format!("import {module}")]) {
         return;
     }
     let (broker, kafka) = start();

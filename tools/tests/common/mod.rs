@@ -192,3 +192,25 @@ pub fn signal_and_wait(child: &mut Child, signal: &str, what: &str) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Whether `cmd probe...` runs and succeeds; says SKIPPED when not (the
+/// Kafka clients' tests skip where `.ci/run` did not install them).
+pub fn have(cmd: &str, probe: &[&str]) -> bool {
+    let ok = Command::new(cmd)
+        .args(probe)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIPPED: `{cmd}` is not installed here (.ci/run installs it)");
+    }
+    ok
+}
+
+/// A 2-shard broker with a Kafka listener; its Kafka address.
+pub fn start_kafka() -> (Broker, String) {
+    let broker = Broker::start_with(&["--kafka-listen", "127.0.0.1:0"]);
+    let kafka = broker.kafka.clone().expect("kafka= in the ready line");
+    (broker, kafka)
+}
