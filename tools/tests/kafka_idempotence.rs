@@ -1,7 +1,8 @@
 //! Idempotent producing through the Kafka listener: kafka-python (whose
 //! default is `enable_idempotence=True`) and confluent-kafka with
 //! `enable.idempotence=true` as real processes, and exact retries, gaps and
-//! stale epochs sent with the `kafka-protocol` crate's client encoders.
+//! stale epochs sent with the `kafka-protocol` crate's client encoders (as
+//! is a decompression bomb, refused before it inflates).
 
 #[allow(dead_code, reason = "each test binary uses part of the shared helpers")]
 mod common;
@@ -44,8 +45,15 @@ where
 
 /// A Kafka v2 batch of `n` records from `pid`/`epoch` starting at `seq`.
 fn batch(pid: i64, epoch: i16, seq: i32, n: usize) -> Bytes {
-    let records: Vec<Record> = (0..n)
-        .map(|i| Record {
+    let values = (0..n).map(|i| Bytes::from(format!("s{}", seq as usize + i))).collect();
+    encode_batch(pid, epoch, seq, values, Compression::None)
+}
+
+fn encode_batch(pid: i64, epoch: i16, seq: i32, values: Vec<Bytes>, compression: Compression) -> Bytes {
+    let records: Vec<Record> = values
+        .into_iter()
+        .enumerate()
+        .map(|(i, value)| Record {
             transactional: false,
             control: false,
             delete_horizon: false,
@@ -57,12 +65,12 @@ fn batch(pid: i64, epoch: i16, seq: i32, n: usize) -> Bytes {
             sequence: seq + i as i32,
             timestamp: 1_700_000_000_000 + i as i64,
             key: None,
-            value: Some(Bytes::from(format!("s{}", seq as usize + i))),
+            value: Some(value),
             headers: Default::default(),
         })
         .collect();
     let mut out = BytesMut::new();
-    let options = RecordEncodeOptions { version: 2, compression: Compression::None };
+    let options = RecordEncodeOptions { version: 2, compression };
     RecordBatchEncoder::encode(&mut out, &records, &options).expect("batch encodes");
     out.freeze()
 }
@@ -142,6 +150,22 @@ fn retries_are_stored_once_and_gaps_and_fenced_epochs_get_kafka_s_errors() {
     assert_eq!(produce(&mut s, batch(pid, 1, 0, 2)), (0, 5), "remembered across a restart");
     let after = init_producer_id(&mut s, -1, -1);
     assert!(after.producer_id.0 > other.producer_id.0, "ids are never handed out twice: {after:?}");
+}
+
+#[test]
+fn a_decompression_bomb_is_refused_as_too_large_and_the_partition_goes_on() {
+    let (broker, kafka) = start();
+    broker.ok(&["topic", "create", "t", "--partitions", "1"], "");
+    let mut s = TcpStream::connect(&kafka).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    // 64 MiB of zeros gzip to ~64 KB; the topic takes batches up to 16 MiB.
+    let bomb = encode_batch(-1, -1, -1, vec![Bytes::from(vec![0u8; 64 << 20])], Compression::Gzip);
+    assert!(bomb.len() < 1 << 20, "the bomb is small on the wire: {}", bomb.len());
+    assert_eq!(produce(&mut s, bomb).0, 10, "MESSAGE_TOO_LARGE");
+    // The same connection and partition go on.
+    let ok = encode_batch(-1, -1, -1, vec![Bytes::from_static(b"fine")], Compression::Gzip);
+    assert_eq!(produce(&mut s, ok), (0, 0));
+    assert_eq!(broker.ok(&["consume", "t", "--from-beginning", "--max-messages", "1"], "").trim(), "fine");
 }
 
 const IDEMPOTENT_CLIENTS: &str = r#"

@@ -213,6 +213,14 @@ async fn produce(ctx: &Rc<ShardContext>, req: ProduceRequest, version: i16) -> A
     let mut parts: Vec<(String, i32, Result<Vec<u8>, PartitionError>)> = Vec::new();
     for t in req.topic_data {
         let topic = t.name.0.to_string();
+        // Records are stored uncompressed: a batch whose records inflate past
+        // what the topic takes is refused while decompressing, not after.
+        let decompressed_max = ctx
+            .topics
+            .borrow()
+            .get(&topic)
+            .map_or(ctx.config.topic_defaults.batch_bytes_max, |m| m.config.batch_bytes_max)
+            as usize;
         for p in t.partition_data {
             let native = match (partition_index(p.index), p.records) {
                 (None, _) => {
@@ -221,9 +229,9 @@ async fn produce(ctx: &Rc<ShardContext>, req: ProduceRequest, version: i16) -> A
                 (Some(_), None) => Err(PartitionError::new(ErrorCode::CorruptMessage, "no records")),
                 (Some(_), Some(records)) => {
                     let mut out = Vec::with_capacity(records.len() + 128);
-                    kafka_to_native(records, &mut out)
+                    kafka_to_native(records, &mut out, decompressed_max)
                         .map(|_| out)
-                        .map_err(|e| PartitionError::new(ErrorCode::CorruptMessage, e.to_string()))
+                        .map_err(|e| PartitionError::new(e.error_code(), e.to_string()))
                 }
             };
             parts.push((topic.clone(), p.index, native));

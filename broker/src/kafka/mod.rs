@@ -27,6 +27,7 @@
 
 mod api;
 mod configs;
+pub mod decompress;
 mod group;
 pub mod records;
 

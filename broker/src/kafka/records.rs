@@ -10,7 +10,7 @@
 //! uncompressed; fetches answer uncompressed) and the difference between a
 //! null and an empty header value (both come back empty).
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
@@ -28,19 +28,47 @@ pub enum TranslateError {
     HeaderKey,
     #[error("control batches (transaction markers) are not supported")]
     Control,
+    #[error(transparent)]
+    TooLarge(#[from] super::decompress::TooLarge),
+}
+
+impl TranslateError {
+    /// The client-visible code: MESSAGE_TOO_LARGE for an oversized batch,
+    /// CORRUPT_MESSAGE otherwise.
+    #[must_use]
+    pub fn error_code(&self) -> shardlog_schema::ErrorCode {
+        match self {
+            TranslateError::TooLarge(_) => shardlog_schema::ErrorCode::MessageTooLarge,
+            _ => shardlog_schema::ErrorCode::CorruptMessage,
+        }
+    }
 }
 
 /// Translates the record batches of one partition of a Kafka produce into
 /// Shardlog batches (one per Kafka batch), appended to `out`. The Kafka
-/// decoder checks each batch's CRC and decompresses it.
-pub fn kafka_to_native(records: Bytes, out: &mut Vec<u8>) -> Result<usize, TranslateError> {
+/// decoder checks each batch's CRC; `decompress` inflates compressed ones,
+/// refusing any whose records pass `decompressed_max` bytes.
+pub fn kafka_to_native(
+    records: Bytes,
+    out: &mut Vec<u8>,
+    decompressed_max: usize,
+) -> Result<usize, TranslateError> {
     let mut buf = records;
+    let inflate = |b: &mut Bytes, c| super::decompress::decompress(b, c, decompressed_max);
     // The decoder is foreign code fed with network input: a panic in it
     // must not take the shard down.
-    let sets =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| RecordBatchDecoder::decode_all(&mut buf)))
-            .map_err(|_| TranslateError::Decode("the decoder panicked".into()))?
-            .map_err(|e| TranslateError::Decode(e.to_string()))?;
+    let sets = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut sets = Vec::new();
+        while buf.has_remaining() {
+            sets.push(RecordBatchDecoder::decode_with_custom_compression(&mut buf, Some(inflate))?);
+        }
+        anyhow::Ok(sets)
+    }))
+    .map_err(|_| TranslateError::Decode("the decoder panicked".into()))?
+    .map_err(|e| match e.chain().find_map(|c| c.downcast_ref::<super::decompress::TooLarge>()) {
+        Some(t) => TranslateError::TooLarge(super::decompress::TooLarge { codec: t.codec, limit: t.limit }),
+        None => TranslateError::Decode(format!("{e:#}")),
+    })?;
     let mut count = 0;
     for set in sets {
         let Some(first) = set.records.first() else {
@@ -172,7 +200,8 @@ mod tests {
                 let sent: Vec<Record> = (0..5).map(|i| record(i, producer)).collect();
                 let mut native = Vec::new();
                 assert_eq!(
-                    kafka_to_native(kafka_batch(&sent, compression), &mut native).expect("translate"),
+                    kafka_to_native(kafka_batch(&sent, compression), &mut native, 1 << 20)
+                        .expect("translate"),
                     5
                 );
                 batch::validate_with_records(&native, 1 << 20).expect("a valid Shardlog batch");
@@ -209,7 +238,7 @@ mod tests {
         for junk in
             [Bytes::from_static(b"\x00\x01\x02"), Bytes::from(flipped), Bytes::from(vec![0xffu8; 200])]
         {
-            assert!(kafka_to_native(junk, &mut Vec::new()).is_err());
+            assert!(kafka_to_native(junk, &mut Vec::new(), 1 << 20).is_err());
         }
     }
 }
