@@ -142,6 +142,23 @@ pub async fn allocate(ctx: &Rc<ShardContext>) -> Result<i64, PartitionError> {
     }
 }
 
+/// What InitProducerId answers (native and Kafka alike): a new id at epoch
+/// 0, or, given the producer's current id and epoch, the same id at the
+/// next epoch (so that partitions fence the older one; KIP-360). An epoch
+/// at its maximum gets a new id.
+pub async fn init(ctx: &Rc<ShardContext>, id: i64, epoch: i16) -> Result<(i64, i16), PartitionError> {
+    if (id >= 0) != (epoch >= 0) {
+        return Err(PartitionError::new(
+            ErrorCode::InvalidRequest,
+            format!("producer id {id} and epoch {epoch}: give both or neither"),
+        ));
+    }
+    if id >= 0 && epoch < i16::MAX {
+        return Ok((id, epoch + 1));
+    }
+    Ok((allocate(ctx).await?, 0))
+}
+
 /// Shard 0's side of [`allocate`].
 pub(crate) async fn allocate_here(ctx: &ShardContext) -> Result<i64, PartitionError> {
     debug_assert_eq!(ctx.id.0, 0, "producer ids come from shard 0 only");

@@ -63,16 +63,24 @@ fn gaps_and_stale_epochs_are_refused_with_typed_errors() {
         assert_eq!(code(&stale), ErrorCode::InvalidProducerEpoch, "{stale}");
         let new_epoch_mid = log.append(&idem_batch(9, 3, 4, 1), 1).await.unwrap_err();
         assert_eq!(code(&new_epoch_mid), ErrorCode::OutOfOrderSequence, "a new epoch starts at 0");
-        // Two idempotent batches in one append are refused.
-        let mut two = idem_batch(9, 2, 4, 1);
-        two.extend(idem_batch(9, 2, 5, 1));
-        let e = log.append(&two, 1).await.unwrap_err();
+        // Several batches in one append must follow on, and hold no retry.
+        let mut gap = idem_batch(9, 2, 4, 1);
+        gap.extend(idem_batch(9, 2, 6, 1));
+        assert_eq!(code(&log.append(&gap, 1).await.unwrap_err()), ErrorCode::OutOfOrderSequence);
+        let mut with_retry = idem_batch(9, 2, 0, 4);
+        with_retry.extend(idem_batch(9, 2, 4, 1));
+        let e = log.append(&with_retry, 1).await.unwrap_err();
         assert_eq!(code(&e), ErrorCode::InvalidRequest, "{e}");
-        // The refused appends left no trace: the next in sequence goes on.
-        let next = log.append(&idem_batch(9, 2, 4, 1), 1).await.unwrap();
-        assert_eq!(next.base_offset.0, 4);
+        // The refused appends left no trace: the next in sequence goes on,
+        // two batches at once.
+        let mut two = idem_batch(9, 2, 4, 1);
+        two.extend(idem_batch(9, 2, 5, 2));
+        let next = log.append(&two, 1).await.unwrap();
+        assert_eq!((next.base_offset.0, next.last_offset.0), (4, 6));
+        // Both are remembered: a retry of the second alone is a duplicate.
+        assert_eq!(log.append(&idem_batch(9, 2, 5, 2), 1).await.unwrap().base_offset.0, 5);
         log.append(&idem_batch(9, 3, 0, 1), 1).await.unwrap();
-        assert_eq!(log.end_offset().0, 6);
+        assert_eq!(log.end_offset().0, 8);
         log.close().await.unwrap();
     });
 }

@@ -100,6 +100,12 @@ pub struct ProducerConfig {
     pub partitioner: Option<Arc<dyn Partitioner>>,
     /// Largest single produce request payload (several batches coalesce into one request).
     pub request_bytes_max: usize,
+    /// Idempotent producing (Kafka's `enable.idempotence`): the producer gets
+    /// a producer id from the broker at start, its batches carry it and
+    /// per-partition sequence numbers, and the partition leader stores a
+    /// retried batch once and never appends a batch out of order. Off by
+    /// default (one InitProducerId round trip at start).
+    pub enable_idempotence: bool,
 }
 
 pub const LINGER_MS_DEFAULT: u64 = 5;
@@ -120,6 +126,7 @@ impl Default for ProducerConfig {
             retries: RETRIES_DEFAULT,
             partitioner: None,
             request_bytes_max: REQUEST_BYTES_MAX_DEFAULT,
+            enable_idempotence: false,
         }
     }
 }
@@ -136,6 +143,7 @@ impl std::fmt::Debug for ProducerConfig {
             .field("retries", &self.retries)
             .field("partitioner", &self.partitioner.as_ref().map(|_| "custom"))
             .field("request_bytes_max", &self.request_bytes_max)
+            .field("enable_idempotence", &self.enable_idempotence)
             .finish()
     }
 }

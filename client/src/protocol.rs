@@ -352,6 +352,36 @@ pub fn decode_delete_topics(raw: &RawResponse) -> Result<Vec<TopicResult>> {
     Ok(topic_results(body.results()))
 }
 
+// ------------------------------------------------------------------ InitProducerId
+
+/// Asks for a producer id (`-1, -1`), or the next epoch of `id`.
+pub fn encode_init_producer_id(corr: u32, client_id: &str, id: i64, epoch: i16) -> Vec<u8> {
+    let mut fbb = FlatBufferBuilder::with_capacity(64);
+    let body = wire::InitProducerIdRequest::create(
+        &mut fbb,
+        &wire::InitProducerIdRequestArgs { producer_id: id, producer_epoch: epoch },
+    );
+    envelope(
+        fbb,
+        corr,
+        client_id,
+        wire::ApiKey::InitProducerId,
+        wire::RequestBody::InitProducerIdRequest,
+        body.as_union_value(),
+        0,
+    )
+}
+
+/// The producer id and epoch granted.
+pub fn decode_init_producer_id(raw: &RawResponse) -> Result<(i64, i16)> {
+    let frame = raw.frame(wire::ApiKey::InitProducerId)?;
+    let body = frame.body_as_init_producer_id_response().ok_or_else(|| missing_body("InitProducerId"))?;
+    if body.error() != ErrorCode::None {
+        return Err(ClientError::broker(body.error(), body.error_message()));
+    }
+    Ok((body.producer_id(), body.producer_epoch()))
+}
+
 // ------------------------------------------------------------------ Produce
 
 /// One partition's data in a produce request: `batch_bytes` raw bytes of

@@ -272,3 +272,47 @@ async fn dropping_the_producer_sends_what_is_buffered() {
         assert_eq!(md.offset, i as u64);
     }
 }
+
+/// With `enable_idempotence`, batches retried across a broker restart land
+/// in send order, each once: the broker refuses a batch that does not
+/// follow its partition's last one (the producer retries it after the one
+/// before) and answers a batch it already stored with its first offsets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotent_retries_across_a_restart_keep_send_order_and_store_each_record_once() {
+    let mut broker = TestBroker::start().await;
+    create(&broker, "t", 2).await;
+    let mut client = client(&broker);
+    client.request_timeout_ms = 500;
+    let config = ProducerConfig {
+        client,
+        batch_bytes: 4 << 10,
+        max_in_flight: 4,
+        retries: 100_000,
+        enable_idempotence: true,
+        ..producer_config(&broker)
+    };
+    let producer = Producer::new(config).await.expect("producer");
+    let record = |i: usize| {
+        ProducerRecord::new("t", format!("{i:05}{}", "x".repeat(500))).with_partition((i % 2) as u32)
+    };
+    let mut futures = Vec::new();
+    for i in 0..200 {
+        futures.push(producer.send(record(i)).await.expect("send"));
+    }
+    broker.stop().await;
+    for i in 200..400 {
+        futures.push(producer.send(record(i)).await.expect("send"));
+    }
+    broker.restart().await;
+    for f in futures {
+        tokio::time::timeout(DEADLINE, f).await.expect("in time").expect("delivered");
+    }
+    for p in 0..2u32 {
+        let got = consume(&broker, &[("t".to_string(), p)], 200).await;
+        let sent: Vec<String> = (0..400).filter(|i| i % 2 == p as usize).map(|i| format!("{i:05}")).collect();
+        let seen: Vec<String> =
+            got.iter().map(|r| String::from_utf8_lossy(&r.value[..5]).into_owned()).collect();
+        assert_eq!(seen, sent, "partition {p}: every record once, in send order");
+        assert_eq!(got.last().map(|r| r.offset), Some(199), "partition {p}: nothing stored twice");
+    }
+}

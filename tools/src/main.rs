@@ -191,6 +191,10 @@ pub struct ProduceArgs {
     pub linger_ms: Option<u64>,
     #[arg(long)]
     pub batch_bytes: Option<usize>,
+    /// Idempotent producing: each record stored once and in order across
+    /// retries (the producer asks the broker for a producer id first)
+    #[arg(long)]
+    pub enable_idempotence: bool,
     #[command(flatten)]
     pub client: ClientArgs,
     #[command(flatten)]

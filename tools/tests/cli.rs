@@ -379,3 +379,22 @@ fn log_format_json_writes_one_object_per_line_with_the_connection_span() {
             .unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
     }
 }
+
+#[test]
+fn produce_enable_idempotence_stamps_batches_with_a_producer_id() {
+    let broker = Broker::start();
+    broker.ok(&["topic", "create", "idem"], "");
+    broker.ok(&["produce", "idem", "--enable-idempotence"], "one\ntwo\n");
+    broker.ok(&["produce", "idem"], "plain\n");
+    let segment = broker.dir.path().join("idem-0").join(format!("{:020}.log", 0));
+    let out = broker.ok(&["log", "dump", segment.to_str().expect("utf8")], "");
+    let ids: Vec<&str> =
+        out.lines().filter_map(|l| l.split("producerId: ").nth(1)?.split(' ').next()).collect();
+    assert_eq!(ids.len(), 2, "two batches: {out}");
+    assert!(ids[0].parse::<i64>().expect("id") >= 0, "the idempotent batch has an id: {out}");
+    assert_eq!(ids[1], "-1", "the plain one has none: {out}");
+    assert_eq!(
+        broker.ok(&["consume", "idem", "--from-beginning", "--max-messages", "3"], ""),
+        "one\ntwo\nplain\n"
+    );
+}

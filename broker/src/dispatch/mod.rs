@@ -39,6 +39,7 @@ pub const API_VERSIONS: &[(ApiKey, u16, u16)] = &[
     (ApiKey::ListGroups, 0, 0),
     (ApiKey::DescribeGroups, 0, 0),
     (ApiKey::DeleteGroups, 0, 0),
+    (ApiKey::InitProducerId, 0, 0),
 ];
 
 /// Record data that follows a response envelope.
@@ -96,7 +97,7 @@ pub fn request_error(correlation_id: u32, api_key: ApiKey, code: ErrorCode, mess
 pub async fn handle(ctx: &Rc<ShardContext>, frame: wire::RequestFrame<'_>, payload: &[u8]) -> Outgoing {
     use crate::metrics::ApiClass;
     let class = match frame.api_key() {
-        ApiKey::Produce => ApiClass::Produce,
+        ApiKey::Produce | ApiKey::InitProducerId => ApiClass::Produce,
         ApiKey::Fetch => ApiClass::Fetch,
         ApiKey::CreateTopics | ApiKey::DeleteTopics => ApiClass::Admin,
         k if k.0 >= ApiKey::FindCoordinator.0 => ApiClass::Group,
@@ -160,6 +161,9 @@ async fn handle_api(ctx: &Rc<ShardContext>, frame: wire::RequestFrame<'_>, paylo
         | ApiKey::ListGroups
         | ApiKey::DescribeGroups
         | ApiKey::DeleteGroups => group::handle(ctx, corr, frame).await,
+        ApiKey::InitProducerId => Outgoing::Frame(
+            produce::init_producer_id(ctx, corr, frame.body_as_init_producer_id_request()).await,
+        ),
         _ => request_error(corr, key, ErrorCode::UnsupportedApi, "unsupported api"),
     }
 }

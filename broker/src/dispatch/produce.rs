@@ -118,3 +118,34 @@ pub(super) async fn produce(
     let body = wire::ProduceResponse::create(&mut fbb, &wire::ProduceResponseArgs { partitions: Some(rs) });
     Outgoing::Frame(response(&mut fbb, corr, ApiKey::Produce, wire::ResponseBody::ProduceResponse, body, 0))
 }
+
+/// InitProducerId: an id (and epoch) for an idempotent producer
+/// (`producer_ids::init`).
+pub(super) async fn init_producer_id(
+    ctx: &Rc<ShardContext>,
+    corr: u32,
+    req: Option<wire::InitProducerIdRequest<'_>>,
+) -> Vec<u8> {
+    let (id, epoch) = req.map_or((-1, -1), |r| (r.producer_id(), r.producer_epoch()));
+    let outcome = crate::producer_ids::init(ctx, id, epoch).await;
+    let mut fbb = FlatBufferBuilder::with_capacity(128);
+    let args = match outcome {
+        Ok((producer_id, producer_epoch)) => wire::InitProducerIdResponseArgs {
+            error: ErrorCode::None,
+            error_message: None,
+            producer_id,
+            producer_epoch,
+        },
+        Err(e) => {
+            let msg = fbb.create_string(&e.message);
+            wire::InitProducerIdResponseArgs {
+                error: e.code,
+                error_message: Some(msg),
+                producer_id: -1,
+                producer_epoch: -1,
+            }
+        }
+    };
+    let body = wire::InitProducerIdResponse::create(&mut fbb, &args);
+    response(&mut fbb, corr, ApiKey::InitProducerId, wire::ResponseBody::InitProducerIdResponse, body, 0)
+}

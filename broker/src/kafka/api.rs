@@ -284,15 +284,12 @@ async fn produce(ctx: &Rc<ShardContext>, req: ProduceRequest, version: i16) -> A
     encoded(&r, version)
 }
 
-/// Kafka error codes of InitProducerId outcomes.
-const INVALID_REQUEST: i16 = 42;
-const TRANSACTIONAL_ID_NOT_SUPPORTED: i16 = INVALID_REQUEST;
+/// What a transactional id gets: INVALID_REQUEST (no transactions here).
+const TRANSACTIONAL_ID_NOT_SUPPORTED: i16 = 42;
 
-/// A producer id for an idempotent producer: a new one (epoch 0), or, when
-/// the producer names its current id and epoch (v3+, KIP-360, after a
-/// sequence error), the same id at the next epoch, so that the partitions
-/// fence its older epoch. Transactions are not supported: a transactional
-/// id is refused.
+/// A producer id for an idempotent producer (`producer_ids::init`: a new
+/// one, or with the producer's id and epoch, v3+, the next epoch).
+/// Transactions are not supported: a transactional id is refused.
 async fn init_producer_id(
     ctx: &Rc<ShardContext>,
     req: InitProducerIdRequest,
@@ -307,20 +304,10 @@ async fn init_producer_id(
         r.error_code = TRANSACTIONAL_ID_NOT_SUPPORTED;
         return encoded(&r, version);
     }
-    let (id, epoch) = (req.producer_id.0, req.producer_epoch);
-    if (id >= 0) != (epoch >= 0) {
-        r.error_code = INVALID_REQUEST;
-        return encoded(&r, version);
-    }
-    if id >= 0 && epoch < i16::MAX {
-        r.producer_id = ProducerId(id);
-        r.producer_epoch = epoch + 1;
-        return encoded(&r, version);
-    }
-    match crate::producer_ids::allocate(ctx).await {
-        Ok(new) => {
-            r.producer_id = ProducerId(new);
-            r.producer_epoch = 0;
+    match crate::producer_ids::init(ctx, req.producer_id.0, req.producer_epoch).await {
+        Ok((id, epoch)) => {
+            r.producer_id = ProducerId(id);
+            r.producer_epoch = epoch;
         }
         Err(e) => r.error_code = error_code(e.code),
     }

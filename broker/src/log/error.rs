@@ -85,7 +85,9 @@ impl LogError {
             LogError::Sequence(e) => match e {
                 SeqError::OutOfOrder { .. } => ErrorCode::OutOfOrderSequence,
                 SeqError::InvalidEpoch { .. } => ErrorCode::InvalidProducerEpoch,
-                SeqError::NegativeSequence { .. } | SeqError::NotAlone { .. } => ErrorCode::InvalidRequest,
+                SeqError::NegativeSequence { .. } | SeqError::RetryNotAlone { .. } => {
+                    ErrorCode::InvalidRequest
+                }
             },
             LogError::Io { .. }
             | LogError::NoSpace { .. }

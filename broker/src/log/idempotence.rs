@@ -30,39 +30,52 @@ pub(super) struct Duplicate {
 }
 
 impl State {
-    /// Checks the append's idempotent batch, if it has one. An idempotent
-    /// batch must be the only batch of its append (as Kafka requires one
-    /// batch per partition of a produce request).
+    /// Checks the append's idempotent batches. A single batch may be a
+    /// retry (answered as a duplicate); several batches in one append (the
+    /// native client coalesces a partition's batches) must all be new and in
+    /// sequence (`ProducerStates::check_run`).
     pub(super) fn check_sequences(&self, headers: &[BatchHeader]) -> Result<Option<Duplicate>, LogError> {
-        let Some(h) = headers.iter().find(|h| h.producer_id >= 0) else {
-            return Ok(None);
-        };
-        if headers.len() > 1 {
-            return Err(SeqError::NotAlone { producer_id: h.producer_id, batches: headers.len() }.into());
-        }
-        if h.base_sequence < 0 {
+        if let Some(h) = headers.iter().find(|h| h.producer_id >= 0 && h.base_sequence < 0) {
             return Err(SeqError::NegativeSequence {
                 producer_id: h.producer_id,
                 first_seq: h.base_sequence,
             }
             .into());
         }
-        let last_seq = seq_last(h.base_sequence, h.record_count);
-        match self.producers.check(h.producer_id, h.producer_epoch, h.base_sequence, last_seq)? {
-            Verdict::Append => Ok(None),
-            Verdict::Duplicate { base_offset } => {
-                Ok(Some(Duplicate { base_offset, last_offset: base_offset + u64::from(h.last_offset_delta) }))
+        let seq = |h: &BatchHeader| {
+            (h.producer_id, h.producer_epoch, h.base_sequence, seq_last(h.base_sequence, h.record_count))
+        };
+        match headers {
+            [h] if h.producer_id >= 0 => {
+                let (producer_id, epoch, first, last) = seq(h);
+                match self.producers.check(producer_id, epoch, first, last)? {
+                    Verdict::Append => Ok(None),
+                    Verdict::Duplicate { base_offset } => Ok(Some(Duplicate {
+                        base_offset,
+                        last_offset: base_offset + u64::from(h.last_offset_delta),
+                    })),
+                }
+            }
+            _ => {
+                let run: Vec<_> = headers.iter().filter(|h| h.producer_id >= 0).map(seq).collect();
+                if !run.is_empty() {
+                    self.producers.check_run(&run)?;
+                }
+                Ok(None)
             }
         }
     }
 
-    /// Records the idempotent batch of an append just enqueued at `base_offset`.
+    /// Records the idempotent batches of an append just enqueued at `base_offset`.
     pub(super) fn record_sequences(&mut self, headers: &[BatchHeader], base_offset: u64) {
-        if let [h] = headers {
-            let stamped = BatchHeader { base_offset, ..*h };
+        let now = now_ms();
+        let mut offset = base_offset;
+        for h in headers {
+            let stamped = BatchHeader { base_offset: offset, ..*h };
             if let Some(seq) = BatchSeq::of(&stamped) {
-                self.producers.record(h.producer_id, h.producer_epoch, seq, now_ms());
+                self.producers.record(h.producer_id, h.producer_epoch, seq, now);
             }
+            offset = stamped.next_offset();
         }
     }
 }

@@ -94,9 +94,10 @@ pub enum SeqError {
     #[error("producer {producer_id}: negative base sequence {first_seq}")]
     NegativeSequence { producer_id: i64, first_seq: i32 },
     #[error(
-        "producer {producer_id}: an idempotent batch must be the only batch of its append (got {batches})"
+        "producer {producer_id}: sequence {first_seq} is already in the log; a retried batch must be \
+         sent on its own"
     )]
-    NotAlone { producer_id: i64, batches: usize },
+    RetryNotAlone { producer_id: i64, first_seq: i32 },
 }
 
 /// Next sequence after `seq` (wraps at `i32::MAX` to 0).
@@ -149,6 +150,34 @@ impl ProducerStates {
             return Err(SeqError::OutOfOrder { producer_id, first_seq, expected });
         }
         Ok(Verdict::Append)
+    }
+
+    /// Checks several batches appended at once (in order): each must be new
+    /// and follow the one before it of its producer (in the log or earlier
+    /// in the run). A duplicate in a run is refused: retries come alone.
+    pub fn check_run(&self, run: &[(i64, i16, i32, i32)]) -> Result<(), SeqError> {
+        for (i, &(producer_id, epoch, first_seq, last_seq)) in run.iter().enumerate() {
+            let earlier = run[..i].iter().rev().find(|b| b.0 == producer_id);
+            match earlier {
+                Some(&(_, e, _, last)) if e == epoch => {
+                    let expected = seq_next(last);
+                    if first_seq != expected {
+                        return Err(SeqError::OutOfOrder { producer_id, first_seq, expected });
+                    }
+                }
+                Some(&(_, e, _, _)) if epoch < e => {
+                    return Err(SeqError::InvalidEpoch { producer_id, epoch, known: e });
+                }
+                Some(_) => Self::fresh(producer_id, first_seq).map(|_| ())?,
+                None => match self.check(producer_id, epoch, first_seq, last_seq)? {
+                    Verdict::Append => {}
+                    Verdict::Duplicate { .. } => {
+                        return Err(SeqError::RetryNotAlone { producer_id, first_seq })
+                    }
+                },
+            }
+        }
+        Ok(())
     }
 
     /// A new epoch of a known producer starts at sequence 0.
@@ -314,6 +343,16 @@ mod tests {
         assert!(ProducerStates::decode_snapshot(b"{}").is_err());
         assert_eq!(s.expire(6_000, 2_000), 1, "producer 1 was last seen at 1000");
         assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn a_run_of_batches_must_follow_on_and_hold_no_retry() {
+        let mut s = ProducerStates::default();
+        s.record(1, 0, b(0, 9, 0), 0);
+        assert_eq!(s.check_run(&[(1, 0, 10, 19), (2, 0, 5, 5), (1, 0, 20, 29)]), Ok(()));
+        assert!(matches!(s.check_run(&[(1, 0, 10, 19), (1, 0, 21, 29)]), Err(SeqError::OutOfOrder { .. })));
+        assert!(matches!(s.check_run(&[(1, 0, 0, 9), (1, 0, 10, 19)]), Err(SeqError::RetryNotAlone { .. })));
+        assert!(matches!(s.check_run(&[(1, 0, 10, 19), (1, 1, 3, 4)]), Err(SeqError::OutOfOrder { .. })));
     }
 
     proptest::proptest! {

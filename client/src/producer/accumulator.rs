@@ -63,6 +63,8 @@ struct OpenBatch {
 
 struct PartitionSlot {
     open: Option<OpenBatch>,
+    /// Idempotence: the sequence of the next batch's first record.
+    next_sequence: i32,
     /// Size of the last sealed batch: the next builder starts this big.
     last_batch_bytes: usize,
 }
@@ -120,6 +122,8 @@ pub(crate) struct Core {
     runtime: tokio::runtime::Handle,
     /// Itself, for spawning tasks that own the core.
     me: Weak<Core>,
+    /// Idempotence: the producer id and epoch every batch carries.
+    producer: Option<(i64, i16)>,
 }
 
 fn now_ms() -> i64 {
@@ -155,9 +159,15 @@ pub(super) enum Work {
 
 impl Core {
     /// Creates the shared core and starts the linger task (when `linger_ms > 0`).
-    pub fn start(cluster: Arc<Cluster>, config: &ProducerConfig, buffer: Arc<Semaphore>) -> Arc<Core> {
+    pub fn start(
+        cluster: Arc<Cluster>,
+        config: &ProducerConfig,
+        buffer: Arc<Semaphore>,
+        producer: Option<(i64, i16)>,
+    ) -> Arc<Core> {
         let core = Arc::new_cyclic(|me| Core {
-            ctx: SenderCtx::new(cluster, config, buffer),
+            ctx: SenderCtx::new(cluster, config, buffer, producer.is_some()),
+            producer,
             state: Mutex::new(State::default()),
             linger: Duration::from_millis(config.linger_ms),
             batch_bytes: config.batch_bytes,
@@ -312,8 +322,9 @@ impl Core {
                 if !state.topics.contains_key(name) {
                     let count = t.partitions.len();
                     let name: Arc<str> = Arc::from(name);
-                    let partitions =
-                        (0..count).map(|_| PartitionSlot { open: None, last_batch_bytes: 0 }).collect();
+                    let partitions = (0..count)
+                        .map(|_| PartitionSlot { open: None, next_sequence: 0, last_batch_bytes: 0 })
+                        .collect();
                     // Spread keyless traffic of many producers over the partitions.
                     let sticky = (std::process::id() ^ now_ms() as u32) % count as u32;
                     state.topics.insert(name.clone(), TopicState { name, partitions, sticky });
@@ -338,8 +349,15 @@ impl Core {
         if t.sticky == partition {
             t.sticky = (partition + 1) % count;
         }
+        let mut builder = batch.builder;
+        if let Some((id, epoch)) = self.producer {
+            // Sequences count records, wrapping at i32::MAX as Kafka's do.
+            builder.set_producer(id, epoch, slot.next_sequence);
+            let next = i64::from(slot.next_sequence) + i64::from(batch.record_count);
+            slot.next_sequence = (next % (i64::from(i32::MAX) + 1)) as i32;
+        }
         // No copy of the records: the header goes in front of them.
-        let (buf, start) = batch.builder.finish_in_place();
+        let (buf, start) = builder.finish_in_place();
         let data = bytes::Bytes::from(buf).slice(start..);
         slot.last_batch_bytes = data.len();
         let sealed = SealedBatch {

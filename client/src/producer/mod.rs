@@ -31,9 +31,14 @@
 //! error (a broker restart, a leader move) is sent again on its own after a
 //! backoff, and batches of that partition sent meanwhile may land before
 //! it (at any `max_in_flight`: the retry waits out its backoff while the
-//! sender goes on). The idempotent producer (replication issue) is meant
-//! to close this gap; until then, an application that needs order across
-//! failures sets `retries = 0` and resends failed records itself.
+//! sender goes on). With `enable_idempotence` that cannot happen: every
+//! batch carries the producer id and its partition's sequence, the broker
+//! refuses a batch that does not follow the last one it stored
+//! (`OutOfOrderSequence`, which this producer retries, so it lands once
+//! the batch before it has) and answers a batch it already holds with its
+//! first offsets. Order then holds across retries, and a retry is never
+//! stored twice; a batch whose retries run out fails, and so may the ones
+//! after it.
 
 mod accumulator;
 mod completion;
@@ -138,6 +143,16 @@ struct Shared {
     closed: AtomicBool,
 }
 
+/// A new producer id and epoch from the bootstrap broker.
+async fn init_producer_id(cluster: &Cluster) -> Result<(i64, i16)> {
+    let conn = cluster.bootstrap().await?;
+    let client_id = &cluster.config.client_id;
+    let raw = conn
+        .call(|corr| crate::protocol::encode_init_producer_id(corr, client_id, -1, -1), Vec::new())
+        .await?;
+    crate::protocol::decode_init_producer_id(&raw)
+}
+
 impl Drop for Shared {
     fn drop(&mut self) {
         self.core.shutdown();
@@ -163,8 +178,9 @@ impl Producer {
         let buffer_bytes_max = config.buffer_bytes_max.min(Semaphore::MAX_PERMITS).min(u32::MAX as usize);
         let client = ClientConfig { max_in_flight: config.max_in_flight, ..config.client.clone() };
         let cluster = Cluster::connect(client, Some(&[])).await?;
+        let producer = if config.enable_idempotence { Some(init_producer_id(&cluster).await?) } else { None };
         let buffer = Arc::new(Semaphore::new(buffer_bytes_max));
-        let core = Core::start(cluster, &config, buffer.clone());
+        let core = Core::start(cluster, &config, buffer.clone(), producer);
         Ok(Producer {
             shared: Arc::new(Shared { core, buffer, buffer_bytes_max, closed: AtomicBool::new(false) }),
         })

@@ -26,11 +26,21 @@ pub(crate) struct SenderCtx {
     retries: u32,
     backoff: Duration,
     pub request_bytes_max: usize,
+    /// Batches carry a producer id and sequences: the broker stores a
+    /// retried batch once and refuses one that does not follow on
+    /// (`OutOfOrderSequence`), which then waits for the batch before it.
+    idempotent: bool,
 }
 
 impl SenderCtx {
-    pub fn new(cluster: Arc<Cluster>, config: &ProducerConfig, buffer: Arc<Semaphore>) -> Self {
+    pub fn new(
+        cluster: Arc<Cluster>,
+        config: &ProducerConfig,
+        buffer: Arc<Semaphore>,
+        idempotent: bool,
+    ) -> Self {
         SenderCtx {
+            idempotent,
             acks: config.acks.wire(),
             timeout_ms: u32::try_from(config.client.request_timeout_ms).unwrap_or(u32::MAX),
             retries: config.retries,
@@ -43,6 +53,15 @@ impl SenderCtx {
 
     fn expects_response(&self) -> bool {
         self.acks != Acks::None.wire()
+    }
+
+    /// Whether a failed batch is sent again. With idempotence an
+    /// out-of-order refusal is too: an earlier batch of its partition failed
+    /// and is being retried, and this one follows it once it lands.
+    fn retriable(&self, e: &ClientError) -> bool {
+        e.is_retriable()
+            || (self.idempotent
+                && matches!(e, ClientError::Broker { code, .. } if *code == ErrorCode::OutOfOrderSequence))
     }
 }
 
@@ -171,7 +190,7 @@ fn partition_error(r: &ProduceResult) -> ClientError {
 async fn complete(core: Arc<Core>, response: ResponseFuture, entries: Vec<Entry>) {
     let results = match response.wait(Duration::ZERO).await.and_then(|raw| protocol::decode_produce(&raw)) {
         Ok(r) => r,
-        Err(e) if e.is_retriable() => return retry_batches(core, flatten(entries), Some(e)).await,
+        Err(e) if core.ctx.retriable(&e) => return retry_batches(core, flatten(entries), Some(e)).await,
         Err(e) => {
             for b in flatten(entries) {
                 b.finish(&core, Err(e.clone()));
@@ -200,7 +219,7 @@ async fn complete(core: Arc<Core>, response: ResponseFuture, entries: Vec<Entry>
                     base += count;
                 }
             }
-        } else if shardlog_schema::error::is_retriable(r.error) {
+        } else if core.ctx.retriable(&partition_error(r)) {
             retry_err = Some(partition_error(r));
             retry.extend(entry.batches);
         } else {
@@ -237,7 +256,7 @@ pub(crate) async fn retry_batches(core: Arc<Core>, batches: Vec<SealedBatch>, er
                     b.finish(&core, Ok(offsets));
                     break;
                 }
-                Err(e) if e.is_retriable() => last = Some(e),
+                Err(e) if ctx.retriable(&e) => last = Some(e),
                 Err(e) => {
                     b.finish(&core, Err(e));
                     break;

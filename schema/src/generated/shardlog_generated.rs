@@ -13,10 +13,10 @@ pub mod wire {
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_API_KEY: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_API_KEY: u16 = 16;
+pub const ENUM_MAX_API_KEY: u16 = 17;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_API_KEY: [ApiKey; 17] = [
+pub const ENUM_VALUES_API_KEY: [ApiKey; 18] = [
   ApiKey::ApiVersions,
   ApiKey::Metadata,
   ApiKey::CreateTopics,
@@ -34,6 +34,7 @@ pub const ENUM_VALUES_API_KEY: [ApiKey; 17] = [
   ApiKey::ListGroups,
   ApiKey::DescribeGroups,
   ApiKey::DeleteGroups,
+  ApiKey::InitProducerId,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -58,9 +59,10 @@ impl ApiKey {
   pub const ListGroups: Self = Self(14);
   pub const DescribeGroups: Self = Self(15);
   pub const DeleteGroups: Self = Self(16);
+  pub const InitProducerId: Self = Self(17);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 16;
+  pub const ENUM_MAX: u16 = 17;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::ApiVersions,
     Self::Metadata,
@@ -79,6 +81,7 @@ impl ApiKey {
     Self::ListGroups,
     Self::DescribeGroups,
     Self::DeleteGroups,
+    Self::InitProducerId,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -100,6 +103,7 @@ impl ApiKey {
       Self::ListGroups => Some("ListGroups"),
       Self::DescribeGroups => Some("DescribeGroups"),
       Self::DeleteGroups => Some("DeleteGroups"),
+      Self::InitProducerId => Some("InitProducerId"),
       _ => None,
     }
   }
@@ -390,10 +394,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for ErrorCode {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_REQUEST_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_REQUEST_BODY: u8 = 17;
+pub const ENUM_MAX_REQUEST_BODY: u8 = 18;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_REQUEST_BODY: [RequestBody; 18] = [
+pub const ENUM_VALUES_REQUEST_BODY: [RequestBody; 19] = [
   RequestBody::NONE,
   RequestBody::ApiVersionsRequest,
   RequestBody::MetadataRequest,
@@ -412,6 +416,7 @@ pub const ENUM_VALUES_REQUEST_BODY: [RequestBody; 18] = [
   RequestBody::ListGroupsRequest,
   RequestBody::DescribeGroupsRequest,
   RequestBody::DeleteGroupsRequest,
+  RequestBody::InitProducerIdRequest,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -437,9 +442,10 @@ impl RequestBody {
   pub const ListGroupsRequest: Self = Self(15);
   pub const DescribeGroupsRequest: Self = Self(16);
   pub const DeleteGroupsRequest: Self = Self(17);
+  pub const InitProducerIdRequest: Self = Self(18);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 17;
+  pub const ENUM_MAX: u8 = 18;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::ApiVersionsRequest,
@@ -459,6 +465,7 @@ impl RequestBody {
     Self::ListGroupsRequest,
     Self::DescribeGroupsRequest,
     Self::DeleteGroupsRequest,
+    Self::InitProducerIdRequest,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -481,6 +488,7 @@ impl RequestBody {
       Self::ListGroupsRequest => Some("ListGroupsRequest"),
       Self::DescribeGroupsRequest => Some("DescribeGroupsRequest"),
       Self::DeleteGroupsRequest => Some("DeleteGroupsRequest"),
+      Self::InitProducerIdRequest => Some("InitProducerIdRequest"),
       _ => None,
     }
   }
@@ -540,10 +548,10 @@ pub struct RequestBodyUnionTableOffset {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_RESPONSE_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_RESPONSE_BODY: u8 = 17;
+pub const ENUM_MAX_RESPONSE_BODY: u8 = 18;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_RESPONSE_BODY: [ResponseBody; 18] = [
+pub const ENUM_VALUES_RESPONSE_BODY: [ResponseBody; 19] = [
   ResponseBody::NONE,
   ResponseBody::ApiVersionsResponse,
   ResponseBody::MetadataResponse,
@@ -562,6 +570,7 @@ pub const ENUM_VALUES_RESPONSE_BODY: [ResponseBody; 18] = [
   ResponseBody::ListGroupsResponse,
   ResponseBody::DescribeGroupsResponse,
   ResponseBody::DeleteGroupsResponse,
+  ResponseBody::InitProducerIdResponse,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -587,9 +596,10 @@ impl ResponseBody {
   pub const ListGroupsResponse: Self = Self(15);
   pub const DescribeGroupsResponse: Self = Self(16);
   pub const DeleteGroupsResponse: Self = Self(17);
+  pub const InitProducerIdResponse: Self = Self(18);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 17;
+  pub const ENUM_MAX: u8 = 18;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::ApiVersionsResponse,
@@ -609,6 +619,7 @@ impl ResponseBody {
     Self::ListGroupsResponse,
     Self::DescribeGroupsResponse,
     Self::DeleteGroupsResponse,
+    Self::InitProducerIdResponse,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -631,6 +642,7 @@ impl ResponseBody {
       Self::ListGroupsResponse => Some("ListGroupsResponse"),
       Self::DescribeGroupsResponse => Some("DescribeGroupsResponse"),
       Self::DeleteGroupsResponse => Some("DeleteGroupsResponse"),
+      Self::InitProducerIdResponse => Some("InitProducerIdResponse"),
       _ => None,
     }
   }
@@ -9430,6 +9442,270 @@ impl ::core::fmt::Debug for DeleteGroupsResponse<'_> {
       ds.finish()
   }
 }
+pub enum InitProducerIdRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A producer id for an idempotent producer: its batches carry it, its
+/// epoch and per-partition sequence numbers, and the partition leader
+/// stores a retried batch once. With the producer's current id and epoch,
+/// the answer is the same id at the next epoch (the older one is fenced).
+pub struct InitProducerIdRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for InitProducerIdRequest<'a> {
+  type Inner = InitProducerIdRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> InitProducerIdRequest<'a> {
+  pub const VT_PRODUCER_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PRODUCER_EPOCH: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    InitProducerIdRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args InitProducerIdRequestArgs
+  ) -> ::flatbuffers::WIPOffset<InitProducerIdRequest<'bldr>> {
+    let mut builder = InitProducerIdRequestBuilder::new(_fbb);
+    builder.add_producer_id(args.producer_id);
+    builder.add_producer_epoch(args.producer_epoch);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn producer_id(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(InitProducerIdRequest::VT_PRODUCER_ID, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn producer_epoch(&self) -> i16 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i16>(InitProducerIdRequest::VT_PRODUCER_EPOCH, Some(-1)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for InitProducerIdRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<i64>("producer_id", Self::VT_PRODUCER_ID, false)?
+     .visit_field::<i16>("producer_epoch", Self::VT_PRODUCER_EPOCH, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct InitProducerIdRequestArgs {
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+}
+impl<'a> Default for InitProducerIdRequestArgs {
+  #[inline]
+  fn default() -> Self {
+    InitProducerIdRequestArgs {
+      producer_id: -1,
+      producer_epoch: -1,
+    }
+  }
+}
+
+pub struct InitProducerIdRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> InitProducerIdRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_producer_id(&mut self, producer_id: i64) {
+    self.fbb_.push_slot::<i64>(InitProducerIdRequest::VT_PRODUCER_ID, producer_id, -1);
+  }
+  #[inline]
+  pub fn add_producer_epoch(&mut self, producer_epoch: i16) {
+    self.fbb_.push_slot::<i16>(InitProducerIdRequest::VT_PRODUCER_EPOCH, producer_epoch, -1);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> InitProducerIdRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    InitProducerIdRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<InitProducerIdRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for InitProducerIdRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("InitProducerIdRequest");
+      ds.field("producer_id", &self.producer_id());
+      ds.field("producer_epoch", &self.producer_epoch());
+      ds.finish()
+  }
+}
+pub enum InitProducerIdResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct InitProducerIdResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for InitProducerIdResponse<'a> {
+  type Inner = InitProducerIdResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> InitProducerIdResponse<'a> {
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ERROR_MESSAGE: ::flatbuffers::VOffsetT = 6;
+  pub const VT_PRODUCER_ID: ::flatbuffers::VOffsetT = 8;
+  pub const VT_PRODUCER_EPOCH: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    InitProducerIdResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args InitProducerIdResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<InitProducerIdResponse<'bldr>> {
+    let mut builder = InitProducerIdResponseBuilder::new(_fbb);
+    builder.add_producer_id(args.producer_id);
+    if let Some(x) = args.error_message { builder.add_error_message(x); }
+    builder.add_producer_epoch(args.producer_epoch);
+    builder.add_error(args.error);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn error(&self) -> ErrorCode {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ErrorCode>(InitProducerIdResponse::VT_ERROR, Some(ErrorCode::None)).unwrap()}
+  }
+  #[inline]
+  pub fn error_message(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(InitProducerIdResponse::VT_ERROR_MESSAGE, None)}
+  }
+  #[inline]
+  pub fn producer_id(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(InitProducerIdResponse::VT_PRODUCER_ID, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn producer_epoch(&self) -> i16 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i16>(InitProducerIdResponse::VT_PRODUCER_EPOCH, Some(-1)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for InitProducerIdResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<ErrorCode>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("error_message", Self::VT_ERROR_MESSAGE, false)?
+     .visit_field::<i64>("producer_id", Self::VT_PRODUCER_ID, false)?
+     .visit_field::<i16>("producer_epoch", Self::VT_PRODUCER_EPOCH, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct InitProducerIdResponseArgs<'a> {
+    pub error: ErrorCode,
+    pub error_message: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+}
+impl<'a> Default for InitProducerIdResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    InitProducerIdResponseArgs {
+      error: ErrorCode::None,
+      error_message: None,
+      producer_id: -1,
+      producer_epoch: -1,
+    }
+  }
+}
+
+pub struct InitProducerIdResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> InitProducerIdResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_error(&mut self, error: ErrorCode) {
+    self.fbb_.push_slot::<ErrorCode>(InitProducerIdResponse::VT_ERROR, error, ErrorCode::None);
+  }
+  #[inline]
+  pub fn add_error_message(&mut self, error_message: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(InitProducerIdResponse::VT_ERROR_MESSAGE, error_message);
+  }
+  #[inline]
+  pub fn add_producer_id(&mut self, producer_id: i64) {
+    self.fbb_.push_slot::<i64>(InitProducerIdResponse::VT_PRODUCER_ID, producer_id, -1);
+  }
+  #[inline]
+  pub fn add_producer_epoch(&mut self, producer_epoch: i16) {
+    self.fbb_.push_slot::<i16>(InitProducerIdResponse::VT_PRODUCER_EPOCH, producer_epoch, -1);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> InitProducerIdResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    InitProducerIdResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<InitProducerIdResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for InitProducerIdResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("InitProducerIdResponse");
+      ds.field("error", &self.error());
+      ds.field("error_message", &self.error_message());
+      ds.field("producer_id", &self.producer_id());
+      ds.field("producer_epoch", &self.producer_epoch());
+      ds.finish()
+  }
+}
 pub enum RequestFrameOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -9780,6 +10056,21 @@ impl<'a> RequestFrame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_init_producer_id_request(&self) -> Option<InitProducerIdRequest<'a>> {
+    if self.body_type() == RequestBody::InitProducerIdRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { InitProducerIdRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for RequestFrame<'_> {
@@ -9812,6 +10103,7 @@ impl ::flatbuffers::Verifiable for RequestFrame<'_> {
           RequestBody::ListGroupsRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ListGroupsRequest>>("RequestBody::ListGroupsRequest", pos),
           RequestBody::DescribeGroupsRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<DescribeGroupsRequest>>("RequestBody::DescribeGroupsRequest", pos),
           RequestBody::DeleteGroupsRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<DeleteGroupsRequest>>("RequestBody::DeleteGroupsRequest", pos),
+          RequestBody::InitProducerIdRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<InitProducerIdRequest>>("RequestBody::InitProducerIdRequest", pos),
           _ => Ok(()),
         }
      })?
@@ -10015,6 +10307,13 @@ impl ::core::fmt::Debug for RequestFrame<'_> {
         },
         RequestBody::DeleteGroupsRequest => {
           if let Some(x) = self.body_as_delete_groups_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        RequestBody::InitProducerIdRequest => {
+          if let Some(x) = self.body_as_init_producer_id_request() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
@@ -10378,6 +10677,21 @@ impl<'a> ResponseFrame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_init_producer_id_response(&self) -> Option<InitProducerIdResponse<'a>> {
+    if self.body_type() == ResponseBody::InitProducerIdResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { InitProducerIdResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for ResponseFrame<'_> {
@@ -10410,6 +10724,7 @@ impl ::flatbuffers::Verifiable for ResponseFrame<'_> {
           ResponseBody::ListGroupsResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<ListGroupsResponse>>("ResponseBody::ListGroupsResponse", pos),
           ResponseBody::DescribeGroupsResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<DescribeGroupsResponse>>("ResponseBody::DescribeGroupsResponse", pos),
           ResponseBody::DeleteGroupsResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<DeleteGroupsResponse>>("ResponseBody::DeleteGroupsResponse", pos),
+          ResponseBody::InitProducerIdResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<InitProducerIdResponse>>("ResponseBody::InitProducerIdResponse", pos),
           _ => Ok(()),
         }
      })?
@@ -10613,6 +10928,13 @@ impl ::core::fmt::Debug for ResponseFrame<'_> {
         },
         ResponseBody::DeleteGroupsResponse => {
           if let Some(x) = self.body_as_delete_groups_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        ResponseBody::InitProducerIdResponse => {
+          if let Some(x) = self.body_as_init_producer_id_response() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
