@@ -43,7 +43,7 @@ pub(crate) struct Member {
     /// kept meanwhile and applies the outcome when it arrives.
     pub(crate) joining: Option<tokio::task::JoinHandle<Result<Joined>>>,
     signal: Arc<Signal>,
-    heartbeat: Option<tokio::task::JoinHandle<()>>,
+    heartbeat: Option<HeartbeatTask>,
     next_auto_commit: Option<Instant>,
     listener: Option<Box<dyn RebalanceListener>>,
 }
@@ -56,11 +56,26 @@ impl Member {
     }
 }
 
+/// A generation's heartbeat task; stopped when dropped (a finished join
+/// that was never applied must not leave one running).
+pub(crate) struct HeartbeatTask(tokio::task::JoinHandle<()>);
+
+impl HeartbeatTask {
+    /// The task ended: it flagged a rejoin, a loss or a fence.
+    fn is_finished(&self) -> bool {
+        self.0.is_finished()
+    }
+}
+
+impl Drop for HeartbeatTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 impl Drop for Member {
     fn drop(&mut self) {
-        if let Some(h) = self.heartbeat.take() {
-            h.abort();
-        }
+        self.heartbeat.take();
         if let Some(j) = self.joining.take() {
             j.abort();
         }
@@ -69,8 +84,16 @@ impl Drop for Member {
 
 /// How a join task ended.
 pub(crate) enum Joined {
-    /// A generation completed; this is the member's part of it.
-    Generation { member_id: String, generation: i32, protocol: String, assignment: Assignment },
+    /// A generation completed; this is the member's part of it. Its
+    /// heartbeats started when the sync answered, not when `poll` applies
+    /// this: a member that polls late is not expelled meanwhile.
+    Generation {
+        member_id: String,
+        generation: i32,
+        protocol: String,
+        assignment: Assignment,
+        heartbeat: HeartbeatTask,
+    },
     /// The coordinator no longer knows the member or its generation
     /// (`UnknownMemberId`, `IllegalGeneration`) while it still holds
     /// partitions: they are lost, and the member joins again owning none.
@@ -89,6 +112,8 @@ struct JoinRequest {
     member_id: String,
     /// Listed in the subscription: what the member keeps fetching.
     owned: Assignment,
+    /// For the new generation's heartbeat task.
+    signal: Arc<Signal>,
 }
 
 /// Pause between attempts after a retriable group error.
@@ -186,9 +211,7 @@ impl Consumer {
     /// task, listing what it kept as owned.
     async fn start_join(&mut self) -> Result<()> {
         let m = self.member.as_mut().expect("subscribed");
-        if let Some(h) = m.heartbeat.take() {
-            h.abort();
-        }
+        m.heartbeat.take();
         let held = self.assignment();
         let m = self.member.as_mut().expect("subscribed");
         if m.signal.lost.swap(false, Ordering::AcqRel) {
@@ -214,6 +237,7 @@ impl Consumer {
             topics: m.topics.clone(),
             member_id: m.member_id.clone(),
             owned,
+            signal: m.signal.clone(),
         };
         m.joining = Some(tokio::spawn(join_and_sync(request)));
         Ok(())
@@ -235,9 +259,9 @@ impl Consumer {
             // Join tasks are aborted only with their member.
             Err(e) => std::panic::resume_unwind(e.into_panic()),
         };
-        let (member_id, generation, protocol, assignment) = match joined {
-            Joined::Generation { member_id, generation, protocol, assignment } => {
-                (member_id, generation, protocol, assignment)
+        let (member_id, generation, protocol, assignment, heartbeat) = match joined {
+            Joined::Generation { member_id, generation, protocol, assignment, heartbeat } => {
+                (member_id, generation, protocol, assignment, heartbeat)
             }
             Joined::Lost { member_id } => {
                 tracing::warn!(group = %m.settings.group_id, "the coordinator forgot this member: partitions lost");
@@ -249,8 +273,11 @@ impl Consumer {
         };
         (m.member_id, m.generation, m.protocol) = (member_id, generation, Some(protocol));
         // A commit refused while the group rebalanced asked for the join
-        // that just ended.
-        m.signal.needs_join.store(false, Ordering::Release);
+        // that just ended; but a heartbeat task that already stopped asked
+        // for the next one.
+        if !heartbeat.is_finished() {
+            m.signal.needs_join.store(false, Ordering::Release);
+        }
         let given: Vec<(String, u32)> =
             assignment.iter().flat_map(|(t, ps)| ps.iter().map(move |p| (t.clone(), *p))).collect();
         let held = self.assignment();
@@ -263,7 +290,7 @@ impl Consumer {
             l.on_assigned(&added);
         }
         m.next_auto_commit = m.settings.auto_commit_interval.map(|i| Instant::now() + i);
-        m.heartbeat = Some(spawn_heartbeats(m));
+        m.heartbeat = Some(heartbeat);
         if !revoked.is_empty() {
             m.signal.needs_join.store(true, Ordering::Release);
         }
@@ -381,9 +408,7 @@ impl Consumer {
             self.commit_sync().await?;
         }
         let mut m = self.member.take().expect("checked");
-        if let Some(h) = m.heartbeat.take() {
-            h.abort();
-        }
+        m.heartbeat.take();
         if m.settings.instance_id.is_none() {
             m.client.leave(&m.member_id, None).await?;
         }
@@ -485,11 +510,13 @@ async fn join_and_sync(r: JoinRequest) -> Result<Joined> {
             Ok(bytes) => {
                 let assignment =
                     decode_assignment(&bytes).map_err(|e| ClientError::Protocol(e.to_string()))?;
+                let heartbeat = spawn_heartbeats(&r, j.generation, &member_id);
                 return Ok(Joined::Generation {
                     member_id,
                     generation: j.generation,
                     protocol: j.protocol,
                     assignment,
+                    heartbeat,
                 });
             }
             Err(e) => {
@@ -540,13 +567,13 @@ async fn assign_as_leader(
         .collect())
 }
 
-/// Heartbeats every `heartbeat_interval` until told otherwise by the coordinator.
-fn spawn_heartbeats(m: &Member) -> tokio::task::JoinHandle<()> {
-    let (client, signal) = (m.client.clone(), m.signal.clone());
-    let (generation, member_id, instance) =
-        (m.generation, m.member_id.clone(), m.settings.instance_id.clone());
-    let interval = m.settings.heartbeat_interval;
-    tokio::spawn(async move {
+/// Heartbeats for `generation` every `heartbeat_interval` until told
+/// otherwise by the coordinator.
+fn spawn_heartbeats(r: &JoinRequest, generation: i32, member_id: &str) -> HeartbeatTask {
+    let (client, signal) = (r.client.clone(), r.signal.clone());
+    let (member_id, instance) = (member_id.to_string(), r.settings.instance_id.clone());
+    let interval = r.settings.heartbeat_interval;
+    HeartbeatTask(tokio::spawn(async move {
         loop {
             tokio::time::sleep(interval).await;
             let Err(e) = client.heartbeat(generation, &member_id, instance.as_deref()).await else {
@@ -568,5 +595,5 @@ fn spawn_heartbeats(m: &Member) -> tokio::task::JoinHandle<()> {
             signal.needs_join.store(true, Ordering::Release);
             return;
         }
-    })
+    }))
 }

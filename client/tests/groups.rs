@@ -506,3 +506,35 @@ async fn cooperative_sticky_a_leaving_member_s_partitions_move_and_nothing_is_re
     }
     assert_eq!(taken_over, before[0], "the survivors took over exactly what the leaver had");
 }
+
+/// A member whose join completes while the application is not polling
+/// still heartbeats (the heartbeats start when the sync answers, not at the
+/// next poll): a late poll finds it in its generation, not expelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_polls_late_after_its_join_is_not_expelled() {
+    let broker = TestBroker::start().await;
+    create(&broker, "late", 2).await;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mut c = Consumer::new(member_config(&broker, settings("late-poll"))).await.expect("consumer");
+    c.subscribe(&["late".to_string()]).await.expect("subscribe");
+    c.set_rebalance_listener(Box::new(Recorder(seen.clone()))).expect("listener");
+    // One short poll starts the join on its task; the join completes
+    // (after the 200 ms initial rebalance delay) while nothing polls for
+    // twice the 1.5 s session timeout.
+    c.poll(Duration::from_millis(10)).await.expect("poll");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut first = None;
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        c.poll(Duration::from_millis(100)).await.expect("poll");
+        if let Some((g, _)) = c.group_member() {
+            first.get_or_insert(g);
+        }
+    }
+    let first = first.expect("joined");
+    assert_eq!(c.group_member().map(|(g, _)| g), Some(first), "no rebalance after the late poll");
+    assert_eq!(c.assignment().len(), 2, "holds both partitions");
+    let calls = seen.lock().unwrap().calls.clone();
+    assert!(!calls.iter().any(|c| matches!(c, Call::Lost(_))), "expelled meanwhile: {calls:?}");
+    c.close().await.expect("close");
+}

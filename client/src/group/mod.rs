@@ -18,7 +18,9 @@
 //! fetching whatever the member holds until the new generation arrives. A
 //! tokio task sends heartbeats every `heartbeat_interval` and flags a
 //! rejoin; so a member that processes slowly between polls keeps its
-//! session.
+//! session. It starts when the SyncGroup answers, on the join's task, not
+//! when `poll` applies the new generation: a member that polls late after
+//! its join is not expelled meanwhile.
 //!
 //! How a rebalance starts depends on the protocol of the generation the
 //! member is leaving:
