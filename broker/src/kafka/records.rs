@@ -30,6 +30,10 @@ pub enum TranslateError {
     Control,
 }
 
+/// What [`TranslateError::Decode`] says when the Kafka decoder panicked
+/// (caught: it is foreign code fed with network input).
+pub const DECODER_PANICKED: &str = "the decoder panicked";
+
 /// Translates the record batches of one partition of a Kafka produce into
 /// Shardlog batches (one per Kafka batch), appended to `out`. The Kafka
 /// decoder checks each batch's CRC and decompresses it.
@@ -39,7 +43,7 @@ pub fn kafka_to_native(records: Bytes, out: &mut Vec<u8>) -> Result<usize, Trans
     // must not take the shard down.
     let sets =
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| RecordBatchDecoder::decode_all(&mut buf)))
-            .map_err(|_| TranslateError::Decode("the decoder panicked".into()))?
+            .map_err(|_| TranslateError::Decode(DECODER_PANICKED.into()))?
             .map_err(|e| TranslateError::Decode(e.to_string()))?;
     let mut count = 0;
     for set in sets {
