@@ -272,6 +272,9 @@ pub enum ScanStop {
     OffsetGap { expected: u64, found: u64 },
     /// `stop_at_offset` reached (used by `truncate_to`).
     Limit,
+    /// A batch whose records would pass the largest offset
+    /// (`batch::OFFSET_MAX`): damage, whatever the offsets before it.
+    OffsetOverflow { base_offset: u64, last_offset_delta: u32 },
 }
 
 /// Result of validating a segment batch by batch.
@@ -339,6 +342,15 @@ pub fn scan_step(
         scan.stop = ScanStop::OffsetGap { expected: scan.next_offset, found: header.base_offset };
         return false;
     }
+    // Offsets are `i64` on the wire. A batch passing the largest one would
+    // leave the next offset saturated, not moving forward.
+    let Some(next_offset) = header.checked_next_offset() else {
+        scan.stop = ScanStop::OffsetOverflow {
+            base_offset: header.base_offset,
+            last_offset_delta: header.last_offset_delta,
+        };
+        return false;
+    };
     // A segment spans fewer than 2^32 offsets (rolls and merges keep it
     // so); a base past that is damage, not a gap.
     let Ok(rel) = u32::try_from(header.base_offset - base) else {
@@ -347,7 +359,7 @@ pub fn scan_step(
     };
     scan.index.on_batch(rel, pos, header.first_timestamp, header.max_timestamp);
     scan.valid_bytes += header.total_bytes() as u64;
-    scan.next_offset = header.next_offset();
+    scan.next_offset = next_offset;
     scan.batches += 1;
     true
 }

@@ -529,7 +529,8 @@ pub const SCAN_BASE_HIGH: u8 = 16;
 /// - the valid prefix is at most the input, ends on a batch boundary, and
 ///   covers `batches` batches that `BatchIter` finds there too;
 /// - `Clean` means the whole input is valid; `ZeroTail` means zeros follow;
-/// - offsets never go backwards and never wrap: `next_offset >= base`;
+/// - offsets never go backwards and never wrap: `next_offset >= base`,
+///   and past a batch it is at most `OFFSET_MAX + 1`;
 /// - the rebuilt index goes strictly forward, inside the valid prefix;
 /// - rescanning the valid prefix gives the same result, stopping `Clean`.
 pub fn recovery_scan(data: &[u8]) {
@@ -563,6 +564,7 @@ pub fn recovery_scan(data: &[u8]) {
     }
     let scan = index::scan_bytes(&buf, base, interval, stop_at, gaps_below);
     check_scan(&buf, base, &scan);
+    assert!(scan.next_offset <= OFFSET_MAX + 1 || scan.batches == 0, "offsets stay i64");
     let again = index::scan_bytes(&buf[..scan.valid_bytes as usize], base, interval, stop_at, gaps_below);
     assert_eq!(again.stop, ScanStop::Clean, "the valid prefix rescans clean");
     assert_eq!(
@@ -581,7 +583,9 @@ fn check_scan(buf: &[u8], base: u64, scan: &Scan) {
     match &scan.stop {
         ScanStop::Clean => assert_eq!(valid, buf.len()),
         ScanStop::ZeroTail => assert!(buf[valid..].iter().take(12).all(|&b| b == 0) && valid < buf.len()),
-        ScanStop::Limit | ScanStop::Bad(_) | ScanStop::OffsetGap { .. } => assert!(valid < buf.len()),
+        ScanStop::Limit | ScanStop::Bad(_) | ScanStop::OffsetGap { .. } | ScanStop::OffsetOverflow { .. } => {
+            assert!(valid < buf.len());
+        }
     }
     let mut tiled = 0;
     let mut count = 0;
