@@ -66,7 +66,11 @@ impl FrameLimits {
         Ok(())
     }
 
-    fn verifier_options(&self) -> VerifierOptions {
+    /// The verifier options frames are checked with (public for the fuzz
+    /// targets, which verify request bodies alone with them).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn verifier_options(&self) -> VerifierOptions {
         VerifierOptions {
             max_depth: 16,
             max_tables: 1 << 20,

@@ -152,13 +152,8 @@ pub struct ServeArgs {
     group_max_size: Option<usize>,
 }
 
-/// Splits `name=value`.
-pub fn parse_kv(s: &str) -> anyhow::Result<(String, String)> {
-    match s.split_once('=') {
-        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
-        _ => bail!("expected KEY=VALUE, got `{s}`"),
-    }
-}
+// In `settings` (no crate dependencies there), which the fuzz checks include.
+pub use crate::settings::parse_kv;
 
 pub fn build_config(args: ServeArgs) -> anyhow::Result<BrokerConfig> {
     let file = Settings::load(args.config.as_deref())?.serve;

@@ -28,7 +28,7 @@
 //! fetch_max_wait_ms = 500
 //! ```
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -119,6 +119,14 @@ impl Settings {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
         toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+    }
+}
+
+/// Splits a `--config name=value` setting (`topic create`, `serve`).
+pub fn parse_kv(s: &str) -> anyhow::Result<(String, String)> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => bail!("expected KEY=VALUE, got `{s}`"),
     }
 }
 

@@ -30,6 +30,11 @@ pub enum TranslateError {
     Control,
     #[error(transparent)]
     TooLarge(#[from] super::decompress::TooLarge),
+    /// Record timestamps further apart than an `i64` holds: neither our
+    /// batch (a delta from the first) nor Kafka's (a delta from the
+    /// smallest, on fetch) can carry them.
+    #[error("record timestamps {min} and {max} are too far apart")]
+    TimestampSpan { min: i64, max: i64 },
 }
 
 impl TranslateError {
@@ -43,6 +48,10 @@ impl TranslateError {
         }
     }
 }
+
+/// What [`TranslateError::Decode`] says when the Kafka decoder panicked
+/// (caught: it is foreign code fed with network input).
+pub const DECODER_PANICKED: &str = "the decoder panicked";
 
 /// Translates the record batches of one partition of a Kafka produce into
 /// Shardlog batches (one per Kafka batch), appended to `out`. The Kafka
@@ -64,7 +73,7 @@ pub fn kafka_to_native(
         }
         anyhow::Ok(sets)
     }))
-    .map_err(|_| TranslateError::Decode("the decoder panicked".into()))?
+    .map_err(|_| TranslateError::Decode(DECODER_PANICKED.into()))?
     .map_err(|e| match e.chain().find_map(|c| c.downcast_ref::<super::decompress::TooLarge>()) {
         Some(t) => TranslateError::TooLarge(super::decompress::TooLarge { codec: t.codec, limit: t.limit }),
         None => TranslateError::Decode(format!("{e:#}")),
@@ -89,6 +98,11 @@ pub fn kafka_to_native(
         }
         builder.set_attributes(attributes);
         let mut headers: Vec<(&str, &[u8])> = Vec::new();
+        let min = set.records.iter().map(|r| r.timestamp).min().unwrap_or_default();
+        let max = set.records.iter().map(|r| r.timestamp).max().unwrap_or_default();
+        if max.checked_sub(min).is_none() {
+            return Err(TranslateError::TimestampSpan { min, max });
+        }
         for r in &set.records {
             headers.clear();
             for (k, v) in &r.headers {
@@ -227,6 +241,67 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn zigzag(v: i64, out: &mut Vec<u8>) {
+        let mut z = ((v << 1) ^ (v >> 63)) as u64;
+        while z >= 0x80 {
+            out.push((z as u8) | 0x80);
+            z >>= 7;
+        }
+        out.push(z as u8);
+    }
+
+    /// A Kafka v2 batch, by hand (the encoder refuses such timestamps):
+    /// first timestamp 0, one one-byte record per timestamp delta.
+    fn batch_with_timestamp_deltas(deltas: &[i64]) -> Bytes {
+        let mut records = Vec::new();
+        for (i, &delta) in deltas.iter().enumerate() {
+            let mut body = vec![0u8]; // attributes
+            zigzag(delta, &mut body);
+            zigzag(i as i64, &mut body); // offset delta
+            zigzag(-1, &mut body); // null key
+            zigzag(1, &mut body);
+            body.push(b'v');
+            zigzag(0, &mut body); // no headers
+            zigzag(body.len() as i64, &mut records);
+            records.extend_from_slice(&body);
+        }
+        let mut b = Vec::new();
+        b.extend_from_slice(&0i64.to_be_bytes()); // base offset
+        b.extend_from_slice(&((49 + records.len()) as i32).to_be_bytes());
+        b.extend_from_slice(&(-1i32).to_be_bytes()); // leader epoch
+        b.push(2); // magic
+        b.extend_from_slice(&[0; 4]); // CRC, below
+        b.extend_from_slice(&0i16.to_be_bytes()); // attributes
+        b.extend_from_slice(&(deltas.len() as i32 - 1).to_be_bytes());
+        b.extend_from_slice(&0i64.to_be_bytes()); // first timestamp
+        b.extend_from_slice(&0i64.to_be_bytes()); // max timestamp
+        b.extend_from_slice(&(-1i64).to_be_bytes());
+        b.extend_from_slice(&(-1i16).to_be_bytes());
+        b.extend_from_slice(&(-1i32).to_be_bytes());
+        b.extend_from_slice(&(deltas.len() as i32).to_be_bytes());
+        b.extend_from_slice(&records);
+        let crc = crc32c::crc32c(&b[21..]);
+        b[17..21].copy_from_slice(&crc.to_be_bytes());
+        Bytes::from(b)
+    }
+
+    #[test]
+    fn timestamps_whose_span_overflows_are_refused() {
+        let mut out = Vec::new();
+        assert_eq!(
+            kafka_to_native(batch_with_timestamp_deltas(&[0, 5]), &mut out, 1 << 20).expect("valid"),
+            2
+        );
+        let err =
+            kafka_to_native(batch_with_timestamp_deltas(&[i64::MIN, i64::MAX]), &mut Vec::new(), 1 << 20)
+                .expect_err("a span past i64");
+        assert!(matches!(err, TranslateError::TimestampSpan { min: i64::MIN, max: i64::MAX }), "{err}");
+        let err =
+            kafka_to_native(batch_with_timestamp_deltas(&[0, i64::MIN, i64::MAX]), &mut Vec::new(), 1 << 20)
+                .expect_err("each within i64 of the first, not of each other");
+        assert!(matches!(err, TranslateError::TimestampSpan { .. }), "{err}");
     }
 
     #[test]

@@ -21,6 +21,12 @@
 //! whose trailer is intact and whose `log_bytes` equals the `.log` size, and
 //! rescans it otherwise. The index is written once, when a segment is sealed
 //! (roll or clean close); the active segment's index lives in memory.
+//!
+//! The rescan's per-batch step ([`scan_step`], driven over a file by the
+//! log's `recover_scan` and over a buffer by [`scan_bytes`]) is here too:
+//! it is pure, and it is what rebuilds these indexes.
+
+use shardlog_schema::batch::{self, BatchError};
 
 /// Bytes of one offset-index entry.
 pub const INDEX_ENTRY_BYTES: usize = 8;
@@ -251,6 +257,144 @@ pub fn time_lookup(times: &[TimeEntry], ts: i64) -> (u32, u32) {
     // Entries are sorted by max_ts_before; want the last with max_ts_before < ts.
     let n = times.partition_point(|e| e.max_ts_before < ts);
     n.checked_sub(1).map_or((0, 0), |i| (times[i].rel_offset, times[i].pos))
+}
+
+/// Why a recovery scan stopped before the end of the file.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ScanStop {
+    /// Reached the end of the file on a batch boundary.
+    Clean,
+    /// Zeros where the next batch would start: preallocated, never written.
+    ZeroTail,
+    /// A batch that is cut short or fails its checks.
+    Bad(BatchError),
+    /// A batch whose base offset does not follow the previous one.
+    OffsetGap { expected: u64, found: u64 },
+    /// `stop_at_offset` reached (used by `truncate_to`).
+    Limit,
+    /// A batch whose records would pass the largest offset
+    /// (`batch::OFFSET_MAX`): damage, whatever the offsets before it.
+    OffsetOverflow { base_offset: u64, last_offset_delta: u32 },
+}
+
+/// Result of validating a segment batch by batch.
+#[derive(Debug)]
+pub struct Scan {
+    pub valid_bytes: u64,
+    pub next_offset: u64,
+    pub index: IndexBuilder,
+    pub stop: ScanStop,
+    pub batches: u64,
+    /// The idempotent batches seen, in log order (producer id, epoch,
+    /// sequences and offsets), to rebuild the producer state from.
+    pub producers: Vec<(i64, i16, super::producers::BatchSeq)>,
+}
+
+impl Scan {
+    /// A scan about to start at the first byte of the segment based at `base`.
+    #[must_use]
+    pub fn start(base: u64, interval_bytes: u32) -> Scan {
+        Scan {
+            valid_bytes: 0,
+            next_offset: base,
+            index: IndexBuilder::new(interval_bytes),
+            stop: ScanStop::Clean,
+            batches: 0,
+            producers: Vec::new(),
+        }
+    }
+}
+
+/// Recovery accepts batches up to this size whatever the topic limit is now
+/// (the limit may have been lowered after they were written).
+pub const RECOVERY_BATCH_BYTES_MAX: usize = 1 << 30;
+
+/// One step of a recovery scan of the segment based at `base`: judges the
+/// batch at file position `pos` (`pos == scan.valid_bytes`), whose bytes,
+/// and whatever follows them, start `rest`. Either takes it into `scan`
+/// (index, valid bytes, next offset) and returns true, or sets `scan.stop`
+/// and returns false. `stop_at_offset` and `gaps_below` are as for the
+/// log's `recover_scan`, which calls this once per batch.
+#[doc(hidden)]
+pub fn scan_step(
+    scan: &mut Scan,
+    rest: &[u8],
+    base: u64,
+    pos: u64,
+    stop_at_offset: Option<u64>,
+    gaps_below: u64,
+) -> bool {
+    if !rest.is_empty() && rest.iter().take(12).all(|&b| b == 0) {
+        scan.stop = ScanStop::ZeroTail;
+        return false;
+    }
+    let header = match batch::validate_stored(rest, RECOVERY_BATCH_BYTES_MAX) {
+        Ok(h) => h,
+        Err(e) => {
+            scan.stop = ScanStop::Bad(e);
+            return false;
+        }
+    };
+    if let Some(limit) = stop_at_offset {
+        if header.base_offset >= limit {
+            scan.stop = ScanStop::Limit;
+            return false;
+        }
+    }
+    let gap_allowed = header.base_offset > scan.next_offset && header.base_offset < gaps_below;
+    if header.base_offset != scan.next_offset && !gap_allowed {
+        scan.stop = ScanStop::OffsetGap { expected: scan.next_offset, found: header.base_offset };
+        return false;
+    }
+    // Offsets are `i64` on the wire. A batch passing the largest one would
+    // leave the next offset saturated, not moving forward.
+    let Some(next_offset) = header.checked_next_offset() else {
+        scan.stop = ScanStop::OffsetOverflow {
+            base_offset: header.base_offset,
+            last_offset_delta: header.last_offset_delta,
+        };
+        return false;
+    };
+    // A segment spans fewer than 2^32 offsets (rolls and merges keep it
+    // so); a base past that is damage, not a gap.
+    let Ok(rel) = u32::try_from(header.base_offset - base) else {
+        scan.stop = ScanStop::OffsetGap { expected: scan.next_offset, found: header.base_offset };
+        return false;
+    };
+    scan.index.on_batch(rel, pos, header.first_timestamp, header.max_timestamp);
+    if let Some(seq) = super::producers::BatchSeq::of(&header) {
+        scan.producers.push((header.producer_id, header.producer_epoch, seq));
+    }
+    scan.valid_bytes += header.total_bytes() as u64;
+    scan.next_offset = next_offset;
+    scan.batches += 1;
+    true
+}
+
+/// The recovery scan of a whole segment held in memory (`buf` is the
+/// `.log` file's bytes): what the log's `recover_scan` finds reading the
+/// same bytes from a file. For tests and fuzzing.
+#[doc(hidden)]
+#[must_use]
+pub fn scan_bytes(
+    buf: &[u8],
+    base: u64,
+    interval_bytes: u32,
+    stop_at_offset: Option<u64>,
+    gaps_below: u64,
+) -> Scan {
+    let mut scan = Scan::start(base, interval_bytes);
+    loop {
+        let pos = scan.valid_bytes;
+        let Some(rest) = usize::try_from(pos).ok().and_then(|p| buf.get(p..)).filter(|r| !r.is_empty())
+        else {
+            scan.stop = ScanStop::Clean;
+            return scan;
+        };
+        if !scan_step(&mut scan, rest, base, pos, stop_at_offset, gaps_below) {
+            return scan;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -771,19 +771,6 @@ impl Active {
     }
 }
 
-impl Scan {
-    fn empty(base: u64, interval: u32) -> Scan {
-        Scan {
-            valid_bytes: 0,
-            next_offset: base,
-            index: IndexBuilder::new(interval),
-            stop: ScanStop::Clean,
-            batches: 0,
-            producers: Vec::new(),
-        }
-    }
-}
-
 async fn remove_if_exists(path: &Path) -> Result<(), LogError> {
     match glommio::io::remove(path).await {
         Ok(()) => Ok(()),

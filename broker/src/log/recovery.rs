@@ -149,6 +149,10 @@ fn warn_scan(path: &Path, size: u64, scan: &Scan) {
             path = %path.display(), position = pos, expected_offset = expected, found_offset = found,
             dropped_bytes = size - pos, "batch offsets do not follow on; truncating the segment here"
         ),
+        ScanStop::OffsetOverflow { base_offset, last_offset_delta } => tracing::warn!(
+            path = %path.display(), position = pos, base_offset, last_offset_delta,
+            dropped_bytes = size - pos, "batch offsets pass the largest offset; truncating the segment here"
+        ),
     }
 }
 

@@ -107,7 +107,7 @@ pub(super) async fn new_active(sh: &Shared, base: u64) -> Result<Active, LogErro
     let path = segment::segment_path(&sh.dir, base, LOG_EXT);
     sh.files.admit();
     let file = counted_write_file(open_dma(&path, true).await?, &sh.files);
-    let scan = Scan::empty(base, sh.config.index_interval_bytes);
+    let scan = Scan::start(base, sh.config.index_interval_bytes);
     let active = Active::new(base, path, file, ReaderSlot::new(&sh.files), scan, Vec::new());
     sync_dir(&sh.dir).await?;
     Ok(active)

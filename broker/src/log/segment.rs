@@ -3,7 +3,7 @@
 
 use super::error::LogError;
 use super::files::{FileBudget, FileToken, ReaderSlot};
-use super::index::{self, IndexBuilder, IndexEntry, SegmentSummary, TimeEntry, INDEX_ENTRY_BYTES};
+use super::index::{self, IndexEntry, SegmentSummary, TimeEntry, INDEX_ENTRY_BYTES};
 use glommio::io::{BufferedFile, DmaFile, OpenOptions, ReadResult};
 use shardlog_schema::batch::{self, BatchError, BatchHeader, BATCH_HEADER_BYTES};
 use std::os::unix::io::{AsRawFd, RawFd};
@@ -279,39 +279,12 @@ fn corrupt_at(path: &Path, pos: u64, what: &str) -> LogError {
     LogError::Corrupt { path: path.to_path_buf(), what: format!("at position {pos}: {what}") }
 }
 
-/// Why a recovery scan stopped before the end of the file.
-#[derive(Debug)]
-pub(crate) enum ScanStop {
-    /// Reached the end of the file on a batch boundary.
-    Clean,
-    /// Zeros where the next batch would start: preallocated, never written.
-    ZeroTail,
-    /// A batch that is cut short or fails its checks.
-    Bad(BatchError),
-    /// A batch whose base offset does not follow the previous one.
-    OffsetGap { expected: u64, found: u64 },
-    /// `stop_at_offset` reached (used by `truncate_to`).
-    Limit,
-}
-
-/// Result of validating a segment batch by batch.
-#[derive(Debug)]
-pub(crate) struct Scan {
-    pub valid_bytes: u64,
-    pub next_offset: u64,
-    pub index: IndexBuilder,
-    pub stop: ScanStop,
-    pub batches: u64,
-    /// The idempotent batches seen, in log order (producer id, epoch,
-    /// sequences and offsets), to rebuild the producer state from.
-    pub producers: Vec<(i64, i16, super::producers::BatchSeq)>,
-}
+// The scan's state and its pure per-batch step live in `index` (public, so
+// the fuzz targets reach them); re-exported under their old paths.
+pub(crate) use super::index::{Scan, ScanStop, RECOVERY_BATCH_BYTES_MAX};
 
 /// Reads per step during recovery.
 const RECOVERY_WINDOW_BYTES: usize = 1 << 20;
-/// Recovery accepts batches up to this size whatever the topic limit is now
-/// (the limit may have been lowered after they were written).
-pub(crate) const RECOVERY_BATCH_BYTES_MAX: usize = 1 << 30;
 
 /// Validates every batch (length, CRC, offset continuity) from the start of
 /// a segment and rebuilds its indexes. Stops at the first bad batch, at
@@ -328,14 +301,7 @@ pub(crate) async fn recover_scan(
     stop_at_offset: Option<u64>,
     gaps_below: u64,
 ) -> Result<Scan, LogError> {
-    let mut scan = Scan {
-        valid_bytes: 0,
-        next_offset: base,
-        index: IndexBuilder::new(interval_bytes),
-        stop: ScanStop::Clean,
-        batches: 0,
-        producers: Vec::new(),
-    };
+    let mut scan = Scan::start(base, interval_bytes);
     let mut buf: Vec<u8> = Vec::new();
     let mut buf_pos = 0u64; // file position of buf[0]
     loop {
@@ -359,41 +325,9 @@ pub(crate) async fn recover_scan(
             glommio::yield_if_needed().await;
             continue;
         }
-        if !rest.is_empty() && rest.iter().take(12).all(|&b| b == 0) {
-            scan.stop = ScanStop::ZeroTail;
+        if !index::scan_step(&mut scan, rest, base, pos, stop_at_offset, gaps_below) {
             return Ok(scan);
         }
-        let header = match batch::validate_stored(rest, RECOVERY_BATCH_BYTES_MAX) {
-            Ok(h) => h,
-            Err(e) => {
-                scan.stop = ScanStop::Bad(e);
-                return Ok(scan);
-            }
-        };
-        if let Some(limit) = stop_at_offset {
-            if header.base_offset >= limit {
-                scan.stop = ScanStop::Limit;
-                return Ok(scan);
-            }
-        }
-        let gap_allowed = header.base_offset > scan.next_offset && header.base_offset < gaps_below;
-        if header.base_offset != scan.next_offset && !gap_allowed {
-            scan.stop = ScanStop::OffsetGap { expected: scan.next_offset, found: header.base_offset };
-            return Ok(scan);
-        }
-        // A segment spans fewer than 2^32 offsets (rolls and merges keep it
-        // so); a base past that is damage, not a gap.
-        let Ok(rel) = u32::try_from(header.base_offset - base) else {
-            scan.stop = ScanStop::OffsetGap { expected: scan.next_offset, found: header.base_offset };
-            return Ok(scan);
-        };
-        scan.index.on_batch(rel, pos, header.first_timestamp, header.max_timestamp);
-        if let Some(seq) = super::producers::BatchSeq::of(&header) {
-            scan.producers.push((header.producer_id, header.producer_epoch, seq));
-        }
-        scan.valid_bytes += header.total_bytes() as u64;
-        scan.next_offset = header.next_offset();
-        scan.batches += 1;
     }
 }
 

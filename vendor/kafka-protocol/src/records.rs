@@ -687,7 +687,10 @@ impl Record {
         types::Int8.encode(buf, 0)?;
 
         // Timestamp delta
-        let timestamp_delta = self.timestamp - min_timestamp;
+        // Shardlog patch: timestamps too far apart are an error, not a panic or a wrap.
+        let Some(timestamp_delta) = self.timestamp.checked_sub(min_timestamp) else {
+            bail!("Timestamps within batch are too far apart ({min_timestamp}, {})", self.timestamp);
+        };
         types::VarLong.encode(buf, timestamp_delta)?;
 
         // Offset delta
@@ -770,7 +773,10 @@ impl Record {
         total_size += types::Int8.compute_size(0)?;
 
         // Timestamp delta
-        let timestamp_delta = self.timestamp - min_timestamp;
+        // Shardlog patch: timestamps too far apart are an error, not a panic or a wrap.
+        let Some(timestamp_delta) = self.timestamp.checked_sub(min_timestamp) else {
+            bail!("Timestamps within batch are too far apart ({min_timestamp}, {})", self.timestamp);
+        };
         total_size += types::VarLong.compute_size(timestamp_delta)?;
 
         // Offset delta
@@ -860,11 +866,17 @@ impl Record {
 
         // Timestamp delta
         let timestamp_delta: i64 = types::VarLong.decode(buf)?;
-        let timestamp = batch_decode_info.min_timestamp + timestamp_delta;
+        // Shardlog patch: a delta that overflows is an error, not a panic or a wrap.
+        let Some(timestamp) = batch_decode_info.min_timestamp.checked_add(timestamp_delta) else {
+            bail!("Record timestamp delta {timestamp_delta} overflows the batch's first timestamp");
+        };
 
         // Offset delta
         let offset_delta: i32 = types::VarInt.decode(buf)?;
-        let offset = batch_decode_info.min_offset + offset_delta as i64;
+        // Shardlog patch: as for the timestamp.
+        let Some(offset) = batch_decode_info.min_offset.checked_add(offset_delta as i64) else {
+            bail!("Record offset delta {offset_delta} overflows the batch's base offset");
+        };
         let sequence = batch_decode_info.base_sequence.wrapping_add(offset_delta);
 
         // Key
