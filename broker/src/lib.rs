@@ -220,7 +220,7 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
         .map_err(|source| BrokerError::DataDir { path: config.data_dir.clone(), source })?;
     let config = BrokerConfig { data_dir, ..config };
     let topics = with_offsets_topic(&config, FileTopicStore::new(&config.data_dir))?;
-    let bound = net::bind_ports(&config)?;
+    let bound = net::bind_ports_settling(&config)?;
     let (public, shards) = (bound.public_addr, config.shards);
     let shard_ports: Vec<u16> = bound.shards.iter().map(|(_, port)| *port).collect();
     let admin = bound.admin.as_ref().map(|(_, addr)| *addr);

@@ -196,6 +196,33 @@ fn listen_socket(addr: SocketAddr, reuse_port: bool, listen: bool) -> std::io::R
     Ok(socket)
 }
 
+/// How long start-up waits for a port that is taken but held by no process
+/// `/proc` shows: the sockets of a broker that just died, which the kernel
+/// releases only when the dead process's io_uring rings are torn down (a
+/// deferred kernel work item). A restart right after SIGKILL met that on
+/// every try (tools/tests/crash_loop.rs); a port some process holds fails
+/// at once.
+pub const PORT_SETTLE_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// [`bind_ports`], waiting up to [`PORT_SETTLE_MAX`] for ports held by no
+/// process to be released.
+pub fn bind_ports_settling(config: &BrokerConfig) -> Result<BoundPorts, BrokerError> {
+    let deadline = std::time::Instant::now() + PORT_SETTLE_MAX;
+    let mut said = false;
+    loop {
+        match bind_ports(config) {
+            Err(BrokerError::PortInUse { addr, holder: None, .. }) if std::time::Instant::now() < deadline => {
+                if !said {
+                    tracing::info!(%addr, "port still held by no process (a broker that just stopped?); waiting for it");
+                    said = true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Binds every port of the broker: first the fixed ones, then the ephemeral
 /// ones (so a kernel-picked port cannot take a fixed one from us), after
 /// checking that no two uses ask for the same port. A port in use elsewhere

@@ -36,27 +36,37 @@ pub fn serve_with(dir: &Path, shards: usize, extra: &[&str]) -> (Child, Ready) {
 /// ready line, to spawn with changes (environment, stderr).
 pub fn serve_command(dir: &Path, shards: usize, extra: &[&str]) -> Command {
     let mut cmd = Command::new(BIN);
-    cmd.args([
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--no-pin-cores",
-        "--shards",
-        &shards.to_string(),
-        "--data-dir",
-    ])
-    .arg(dir)
-    .args(extra)
-    .stdout(Stdio::piped());
+    cmd.arg("serve");
+    // An ephemeral port unless `extra` names one (to restart on the same).
+    if !extra.contains(&"--listen") {
+        cmd.args(["--listen", "127.0.0.1:0"]);
+    }
+    cmd.args(["--no-pin-cores", "--shards", &shards.to_string(), "--data-dir"])
+        .arg(dir)
+        .args(extra)
+        .stdout(Stdio::piped());
     cmd
 }
 
 /// Waits for a spawned broker's ready line.
-pub fn wait_ready(mut child: Child) -> (Child, Ready) {
+pub fn wait_ready(child: Child) -> (Child, Ready) {
+    match try_wait_ready(child) {
+        Ok(ready) => ready,
+        Err(line) => panic!("unexpected first line {line:?}"),
+    }
+}
+
+/// [`wait_ready`], or the first line when it is not the ready line (the
+/// broker failed to start; it is reaped).
+pub fn try_wait_ready(mut child: Child) -> Result<(Child, Ready), String> {
     let stdout = child.stdout.take().expect("stdout");
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line).expect("ready line");
-    assert!(line.starts_with("shardlog ready: "), "unexpected first line {line:?}");
+    if !line.starts_with("shardlog ready: ") {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(line);
+    }
     let field = |name: &str| {
         line.split_whitespace()
             .find_map(|w| w.strip_prefix(name))
@@ -66,7 +76,7 @@ pub fn wait_ready(mut child: Child) -> (Child, Ready) {
     let listen = field("listen=");
     let shard_ports = field("shard_ports=").split(',').map(|p| p.parse().expect("port")).collect();
     let kafka = line.split_whitespace().find_map(|w| w.strip_prefix("kafka=")).map(str::to_string);
-    (child, Ready { listen, shard_ports, kafka })
+    Ok((child, Ready { listen, shard_ports, kafka }))
 }
 
 /// A broker process on a temp directory, with helpers that run the same
@@ -95,7 +105,23 @@ impl Broker {
         self.child.kill().expect("SIGKILL the broker");
         self.child.wait().expect("reap the broker");
         let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
-        let (child, ready) = serve_with(self.dir.path(), 2, &extra);
+        // With a fixed `--listen`, the port may be refused for a moment after
+        // the kill (sockets of the old process still closing): retry.
+        let deadline = std::time::Instant::now() + COMMAND_DEADLINE;
+        let (child, ready) = loop {
+            let child = serve_command(self.dir.path(), 2, &extra)
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("spawn shardlog serve");
+            match try_wait_ready(child) {
+                Ok(ready) => break ready,
+                Err(line) if std::time::Instant::now() < deadline => {
+                    eprintln!("restart refused ({line:?}); retrying");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(line) => panic!("the broker did not restart: {line:?}"),
+            }
+        };
         self.child = child;
         self.listen = ready.listen;
         self.kafka = ready.kafka;
