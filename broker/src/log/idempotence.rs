@@ -80,6 +80,32 @@ impl State {
     }
 }
 
+impl Log {
+    /// A retried idempotent batch: answered with the offsets it was first
+    /// given, once they are as safe as a new append's would be (below the
+    /// high watermark), without appending it again.
+    pub(super) async fn answer_duplicate(&self, dup: Duplicate) -> Result<AppendInfo, LogError> {
+        let sh = &self.sh;
+        loop {
+            let listen = sh.changed.listen();
+            {
+                let st = sh.st.borrow();
+                st.check_writable(&sh.dir)?;
+                if st.high_watermark(&sh.config).0 > dup.last_offset {
+                    return Ok(AppendInfo {
+                        base_offset: Offset(dup.base_offset),
+                        last_offset: Offset(dup.last_offset),
+                        append_time_ms: now_ms(),
+                        log_start_offset: Offset(st.start_offset()),
+                    });
+                }
+            }
+            kick_write(sh);
+            listen.await;
+        }
+    }
+}
+
 /// Writes the producer state as of the log's end, replacing the last
 /// snapshot (a temporary file, synced, renamed, directory synced). Callers
 /// hold appends back (a roll or a close in progress).

@@ -549,30 +549,6 @@ impl Log {
         }
     }
 
-    /// A retried idempotent batch: answered with the offsets it was first
-    /// given, once they are as safe as a new append's would be (below the
-    /// high watermark), without appending it again.
-    async fn answer_duplicate(&self, dup: idempotence::Duplicate) -> Result<AppendInfo, LogError> {
-        let sh = &self.sh;
-        loop {
-            let listen = sh.changed.listen();
-            {
-                let st = sh.st.borrow();
-                st.check_writable(&sh.dir)?;
-                if st.high_watermark(&sh.config).0 > dup.last_offset {
-                    return Ok(AppendInfo {
-                        base_offset: Offset(dup.base_offset),
-                        last_offset: Offset(dup.last_offset),
-                        append_time_ms: now_ms(),
-                        log_start_offset: Offset(st.start_offset()),
-                    });
-                }
-            }
-            kick_write(sh);
-            listen.await;
-        }
-    }
-
     /// Whole batches from the one holding `from`, up to the high watermark
     /// and about `max_bytes` (always at least one batch when there is one).
     pub async fn read(&self, from: Offset, max_bytes: usize) -> Result<LogRead, LogError> {
