@@ -32,8 +32,12 @@ fn config(dir: &std::path::Path, listen: SocketAddr) -> BrokerConfig {
 }
 
 impl TestBroker {
-    /// Starts a broker on ephemeral ports (on a blocking thread: start-up
-    /// blocks until every shard serves).
+    /// Starts a broker (on a blocking thread: start-up blocks until every
+    /// shard serves). Its public port and the shard ports after it lie below
+    /// the kernel's ephemeral range (32768 and up by default), so that when
+    /// a test restarts it on the same ports, none of them can meanwhile be
+    /// the source port of some connection of this test process: that held
+    /// restarts back until their deadline under a full test run.
     pub async fn start() -> TestBroker {
         // `RUST_LOG=shardlog_client=debug` shows the client's side of a failure.
         let _already = tracing_subscriber::fmt()
@@ -41,13 +45,28 @@ impl TestBroker {
             .with_test_writer()
             .try_init();
         let dir = tempfile::tempdir().expect("tempdir");
-        let cfg = config(dir.path(), "127.0.0.1:0".parse().expect("addr"));
-        let handle = tokio::task::spawn_blocking(move || shardlog_broker::start(cfg))
-            .await
-            .expect("join")
-            .expect("broker starts");
-        let listen = handle.ready.listen;
-        TestBroker { dir, handle: Some(handle), listen }
+        let mut seed =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").subsec_nanos()
+                as u64
+                ^ u64::from(std::process::id()) << 20;
+        for _ in 0..50 {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let port = 20_000 + ((seed >> 33) % 12_000) as u16;
+            let cfg = config(dir.path(), SocketAddr::from(([127, 0, 0, 1], port)));
+            match tokio::task::spawn_blocking(move || shardlog_broker::start(cfg)).await.expect("join") {
+                Ok(handle) => {
+                    let listen = handle.ready.listen;
+                    return TestBroker { dir, handle: Some(handle), listen };
+                }
+                // Taken (another test, another process): try another.
+                Err(
+                    shardlog_broker::BrokerError::PortInUse { .. }
+                    | shardlog_broker::BrokerError::PortCollision { .. },
+                ) => {}
+                Err(e) => panic!("broker starts: {e:?}"),
+            }
+        }
+        panic!("no free port range found for a test broker");
     }
 
     pub fn addr(&self) -> String {
