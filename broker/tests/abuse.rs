@@ -23,6 +23,15 @@ fn broker(dir: &std::path::Path, tune: impl FnOnce(&mut BrokerConfig)) -> Broker
 }
 
 /// This process's resident set in MiB (broker and test share it).
+/// The tests that measure the process's RSS run one at a time: the test
+/// harness runs tests on threads of one process, so a flood in one test
+/// showed up as growth in another (a full run failed so).
+static RSS_MEASURED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn rss_measured() -> std::sync::MutexGuard<'static, ()> {
+    RSS_MEASURED.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn rss_mib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("status");
     let kb: u64 = status
@@ -63,6 +72,7 @@ fn wait_closed(s: &mut TcpStream, limit: Duration) -> Result<usize, String> {
 
 #[test]
 fn five_thousand_idle_connections_cost_little_and_others_are_served() {
+    let _one_at_a_time = rss_measured();
     const IDLE: usize = 5_000;
     let dir = tempfile::tempdir().expect("tempdir");
     let handle = broker(dir.path(), |_| {});
@@ -187,6 +197,7 @@ fn fill(port: u16, topic: &str, partitions: u32, mib: usize) {
 
 #[test]
 fn huge_fetches_are_capped_and_a_client_that_never_reads_is_dropped() {
+    let _one_at_a_time = rss_measured();
     let dir = tempfile::tempdir().expect("tempdir");
     let handle = broker(dir.path(), |c| {
         c.limits.fetch_bytes_max = 4 << 20;
@@ -231,6 +242,7 @@ fn huge_fetches_are_capped_and_a_client_that_never_reads_is_dropped() {
 
 #[test]
 fn a_produce_flood_past_the_buffer_budget_is_held_back_not_buffered() {
+    let _one_at_a_time = rss_measured();
     let dir = tempfile::tempdir().expect("tempdir");
     let handle = broker(dir.path(), |c| {
         c.limits.shard_buffered_bytes_max = 16 << 20;
