@@ -219,7 +219,22 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
         .canonicalize()
         .map_err(|source| BrokerError::DataDir { path: config.data_dir.clone(), source })?;
     let config = BrokerConfig { data_dir, ..config };
-    let topics = with_offsets_topic(&config, FileTopicStore::new(&config.data_dir))?;
+    // In a cluster, topics come from ZooKeeper (`shard::cluster`), not
+    // from `topics.json`.
+    let topics = match &config.cluster {
+        None => with_offsets_topic(&config, FileTopicStore::new(&config.data_dir))?,
+        Some(_) => {
+            let local = FileTopicStore::new(&config.data_dir).load()?;
+            if !local.is_empty() {
+                tracing::warn!(
+                    topics = local.len(),
+                    "{} lists topics of a broker that ran alone; in a cluster they are not served (their data stays on disk)",
+                    topics::TOPICS_FILE
+                );
+            }
+            TopicTable::new()
+        }
+    };
     let bound = net::bind_ports_settling(&config)?;
     let (public, shards) = (bound.public_addr, config.shards);
     let shard_ports: Vec<u16> = bound.shards.iter().map(|(_, port)| *port).collect();
@@ -253,6 +268,7 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
             Box::new(cluster::zk::ZkMembership::start(c, me)?)
         }
     };
+    let link = membership.link();
     let stop = Arc::new(AtomicBool::new(false));
     let health = metrics::Health::new(config.shards);
     let mesh = MeshBuilder::full(shards, MESH_CHANNEL_CAPACITY);
@@ -284,6 +300,7 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
             kafka_port: kafka_addr.map_or(0, |a| a.port()),
             host: host.clone(),
             topics: topics.clone(),
+            cluster: link.clone(),
             mesh: mesh.clone(),
             status: status_tx.clone(),
             go,
@@ -402,6 +419,8 @@ struct ShardSpec {
     listeners: Listeners,
     host: String,
     topics: TopicTable,
+    /// Cluster mode: the control thread's metadata and requests.
+    cluster: Option<cluster::ClusterLink>,
     mesh: MeshBuilder<ShardMsg, glommio::channels::channel_mesh::Full>,
     status: mpsc::Sender<Startup>,
     /// Start-up only: every shard was spawned (closed: start-up aborted).
@@ -447,10 +466,10 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
         ShardId(id as u16),
         config.clone(),
         endpoints,
-        TopicTable::new(),
         senders,
         store,
         splicer,
+        spec.cluster,
     );
     ctx.spawn_mesh_receivers(receivers);
     // The admin port answers from the start: `/readyz` says 503 until every
@@ -465,7 +484,10 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
     for meta in spec.topics.into_values() {
         ctx.apply_topic(meta, false).await.map_err(|e| e.to_string())?;
     }
+    // A cluster's partitions placed here open (and recover) before serving.
+    ctx.apply_current_cluster().await;
     ctx.groups.load_owned(&ctx).await?;
+    let follow = glommio::spawn_local(ctx.clone().follow_cluster());
     let groups = glommio::spawn_local(group_loop(ctx.clone()));
     let accept_public = glommio::spawn_local(net::accept_loop(ctx.clone(), public, "public"));
     let accept_own = glommio::spawn_local(net::accept_loop(ctx.clone(), own, "shard"));
@@ -489,7 +511,7 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
     if let Some(kafka) = kafka {
         kafka.cancel().await;
     }
-    shutdown_shard(&ctx, [accept_public, accept_own, retention, groups]).await
+    shutdown_shard(&ctx, [accept_public, accept_own, retention, groups, follow]).await
 }
 
 /// Expires group members and ends rebalances at their deadlines.
@@ -500,7 +522,7 @@ async fn group_loop(ctx: Rc<ShardContext>) {
     }
 }
 
-async fn shutdown_shard(ctx: &Rc<ShardContext>, tasks: [glommio::Task<()>; 4]) -> Result<(), String> {
+async fn shutdown_shard(ctx: &Rc<ShardContext>, tasks: [glommio::Task<()>; 5]) -> Result<(), String> {
     ctx.shutting_down.set(true);
     for t in tasks {
         t.cancel().await;

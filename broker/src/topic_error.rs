@@ -25,8 +25,23 @@ pub enum TopicOpError {
     InvalidPartitions { topic: String, partitions: u32, max: u32 },
     #[error("broker holds {total} partitions; limit is {max}")]
     PartitionLimit { topic: String, total: u64, max: u64 },
-    #[error("replication factor {replication} needs a cluster; this broker runs alone (use 1)")]
+    #[error(
+        "replication factor {replication} is not supported yet: every partition has one replica until \
+         replication lands (use 1)"
+    )]
     Replication { topic: String, replication: u16 },
+    /// Cluster mode: no controller created (or deleted) the topic in time.
+    /// The request stays in ZooKeeper and a controller serves it later.
+    #[error(
+        "no controller acted on the request within {waited_ms} ms (it stays queued for the next controller)"
+    )]
+    ControllerTimeout { topic: String, waited_ms: u64 },
+    /// Cluster mode: the controller refused the request (it logs why).
+    #[error("the controller refused the request: {reason}")]
+    Refused { topic: String, reason: String },
+    /// Cluster mode: ZooKeeper could not be asked.
+    #[error("cannot reach the cluster's ZooKeeper: {message}")]
+    ZooKeeper { topic: String, message: String },
     #[error("{source}")]
     BadConfig {
         topic: String,
@@ -94,6 +109,9 @@ impl TopicOpError {
             }
             TopicOpError::Persist { .. } | TopicOpError::UnexpectedReply { .. } => ErrorCode::StorageError,
             TopicOpError::ShardUnavailable { .. } => ErrorCode::BrokerShuttingDown,
+            TopicOpError::ControllerTimeout { .. } => ErrorCode::RequestTimedOut,
+            TopicOpError::Refused { .. } => ErrorCode::InvalidRequest,
+            TopicOpError::ZooKeeper { .. } => ErrorCode::Unknown,
             TopicOpError::RolledBack { source } => source.error_code(),
         }
     }

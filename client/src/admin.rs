@@ -22,6 +22,11 @@ pub struct PartitionDescription {
     pub start_offset: u64,
     /// Next offset to be written (log end / high watermark).
     pub end_offset: u64,
+    /// The partition has no live leader (its broker is down): the leader is
+    /// -1 and the offsets are unknown (0).
+    pub offline: bool,
+    /// Brokers holding a replica.
+    pub replicas: Vec<i32>,
 }
 
 /// What `describe_topic` returns.
@@ -66,13 +71,28 @@ impl Admin {
         partitions: u32,
         configs: &[(String, String)],
     ) -> Result<()> {
+        self.create_topic_replicated(name, partitions, 1, configs).await
+    }
+
+    /// [`Self::create_topic`] with a replication factor (the broker refuses
+    /// any but 1 until replication exists).
+    pub async fn create_topic_replicated(
+        &self,
+        name: &str,
+        partitions: u32,
+        replication_factor: u16,
+        configs: &[(String, String)],
+    ) -> Result<()> {
         let topic =
-            NewTopic { name: name.to_string(), partitions, replication_factor: 1, configs: configs.to_vec() };
-        let conn = self.cluster.bootstrap().await?;
+            NewTopic { name: name.to_string(), partitions, replication_factor, configs: configs.to_vec() };
         let client_id = &self.cluster.config.client_id;
+        let topic = &topic;
+        // Not sent again to another broker once sent: a creation that timed
+        // out may still happen, and a second would answer "already exists".
+        let conn = self.cluster.bootstrap().await?;
         let raw = conn
             .call(
-                |corr| protocol::encode_create_topics(corr, client_id, std::slice::from_ref(&topic)),
+                |corr| protocol::encode_create_topics(corr, client_id, std::slice::from_ref(topic)),
                 Vec::new(),
             )
             .await?;
@@ -80,11 +100,11 @@ impl Admin {
     }
 
     pub async fn delete_topic(&self, name: &str) -> Result<()> {
-        let conn = self.cluster.bootstrap().await?;
         let client_id = &self.cluster.config.client_id;
-        let names = [name.to_string()];
+        let names = &[name.to_string()];
+        let conn = self.cluster.bootstrap().await?;
         let raw =
-            conn.call(|corr| protocol::encode_delete_topics(corr, client_id, &names), Vec::new()).await?;
+            conn.call(|corr| protocol::encode_delete_topics(corr, client_id, names), Vec::new()).await?;
         check_results(protocol::decode_delete_topics(&raw)?, name)
     }
 
@@ -109,14 +129,16 @@ impl Admin {
         let md = self.cluster.refresh(Some(&[name.to_string()])).await?;
         let topic = md.topic(name).ok_or_else(|| ClientError::UnknownTopic(name.to_string()))?;
         let mut queries = Vec::with_capacity(topic.partitions.len() * 2);
-        for p in &topic.partitions {
+        let (online, offline): (Vec<_>, Vec<_>) =
+            topic.partitions.iter().partition(|p| p.error != ErrorCode::LeaderNotAvailable);
+        for p in &online {
             for timestamp in [protocol::LIST_OFFSETS_EARLIEST, protocol::LIST_OFFSETS_LATEST] {
                 queries.push(OffsetQuery { topic: name.to_string(), partition: p.partition, timestamp });
             }
         }
         let answers = self.cluster.list_offsets(&queries).await?;
         let mut partitions = Vec::with_capacity(topic.partitions.len());
-        for (p, pair) in topic.partitions.iter().zip(answers.chunks(2)) {
+        for (p, pair) in online.iter().zip(answers.chunks(2)) {
             for a in pair {
                 if a.error != ErrorCode::None {
                     return Err(ClientError::broker(a.error, Some("list offsets")));
@@ -131,6 +153,22 @@ impl Admin {
                 leader_epoch: p.leader_epoch,
                 start_offset: pair[0].offset.max(0) as u64,
                 end_offset: pair[1].offset.max(0) as u64,
+                offline: false,
+                replicas: p.replicas.clone(),
+            });
+        }
+        for p in offline {
+            partitions.push(PartitionDescription {
+                partition: p.partition,
+                leader_broker: -1,
+                leader_host: String::new(),
+                leader_shard: 0,
+                leader_port: 0,
+                leader_epoch: p.leader_epoch,
+                start_offset: 0,
+                end_offset: 0,
+                offline: true,
+                replicas: p.replicas.clone(),
             });
         }
         partitions.sort_by_key(|p| p.partition);

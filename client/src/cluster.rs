@@ -11,20 +11,38 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// Splits a bootstrap list (`host:port[,host:port...]`).
+pub(crate) fn parse_bootstrap(list: &str) -> Result<Vec<String>> {
+    let addrs: Vec<String> =
+        list.split(',').map(str::trim).filter(|a| !a.is_empty()).map(str::to_string).collect();
+    if addrs.is_empty() {
+        return Err(ClientError::Config("bootstrap address is empty".into()));
+    }
+    if let Some(bad) = addrs
+        .iter()
+        .find(|a| a.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()))
+    {
+        return Err(ClientError::Config(format!("bootstrap address `{bad}` is not host:port")));
+    }
+    Ok(addrs)
+}
+
 pub(crate) struct Cluster {
     pub config: ClientConfig,
     opts: ConnOptions,
     metadata: Mutex<Arc<ClusterMetadata>>,
     conns: Mutex<HashMap<String, Connection>>,
+    /// The configured bootstrap addresses (`bootstrap` split at commas).
+    bootstrap: Vec<String>,
+    /// Index (in `bootstrap_addrs`) of the address that answered last.
+    bootstrap_at: std::sync::atomic::AtomicUsize,
 }
 
 impl Cluster {
     /// Connects to the bootstrap broker and loads metadata for `topics`
     /// (all topics when `None`).
     pub async fn connect(config: ClientConfig, topics: Option<&[String]>) -> Result<Arc<Cluster>> {
-        if config.bootstrap.is_empty() {
-            return Err(ClientError::Config("bootstrap address is empty".into()));
-        }
+        let bootstrap = parse_bootstrap(&config.bootstrap)?;
         let opts = ConnOptions {
             max_in_flight: config.max_in_flight,
             request_timeout: Duration::from_millis(config.request_timeout_ms),
@@ -39,6 +57,8 @@ impl Cluster {
             opts,
             metadata: Mutex::new(Arc::new(ClusterMetadata::default())),
             conns: Mutex::new(HashMap::new()),
+            bootstrap,
+            bootstrap_at: std::sync::atomic::AtomicUsize::new(0),
         });
         cluster.refresh(topics).await?;
         Ok(cluster)
@@ -67,9 +87,57 @@ impl Cluster {
         }
     }
 
-    /// The bootstrap connection (metadata and admin requests go there).
+    /// The addresses metadata and admin requests may go to: the configured
+    /// bootstrap list, then every broker the last metadata named.
+    fn bootstrap_addrs(&self) -> Vec<String> {
+        let mut addrs = self.bootstrap.clone();
+        for b in &self.metadata().brokers {
+            let addr = format!("{}:{}", b.host, b.port);
+            if !addrs.contains(&addr) {
+                addrs.push(addr);
+            }
+        }
+        addrs
+    }
+
+    /// A bootstrap connection (metadata and admin requests go there): the
+    /// address that answered last, else the next that connects.
     pub async fn bootstrap(&self) -> Result<Connection> {
-        self.connection(&self.config.bootstrap).await
+        self.on_bootstrap(|conn| async move { Ok(conn) }).await
+    }
+
+    /// Runs `call` on a bootstrap connection, moving on to the next address
+    /// when connecting or the call fails for the connection's sake (I/O,
+    /// closed, timed out); any other error is the answer.
+    pub async fn on_bootstrap<T, F, Fut>(&self, call: F) -> Result<T>
+    where
+        F: Fn(Connection) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        use std::sync::atomic::Ordering;
+        let addrs = self.bootstrap_addrs();
+        let start = self.bootstrap_at.load(Ordering::Relaxed);
+        let mut last = None;
+        for i in 0..addrs.len() {
+            let at = (start + i) % addrs.len();
+            let outcome = match self.connection(&addrs[at]).await {
+                Ok(conn) => call(conn).await,
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Err(
+                    e @ (ClientError::Io { .. } | ClientError::ConnectionClosed(_) | ClientError::Timeout),
+                ) => {
+                    tracing::debug!(addr = %addrs[at], error = %e, "bootstrap broker unavailable; trying the next");
+                    last = Some(e);
+                }
+                other => {
+                    self.bootstrap_at.store(at, Ordering::Relaxed);
+                    return other;
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Config("no bootstrap address".into())))
     }
 
     /// The cached metadata.
@@ -79,10 +147,13 @@ impl Cluster {
 
     /// Fetches metadata (for `topics`, or all) without touching the cache.
     pub async fn fetch_metadata(&self, topics: Option<&[String]>) -> Result<ClusterMetadata> {
-        let conn = self.bootstrap().await?;
         let client_id = &self.config.client_id;
-        let raw = conn.call(|corr| protocol::encode_metadata(corr, client_id, topics), Vec::new()).await?;
-        protocol::decode_metadata(&raw)
+        self.on_bootstrap(|conn| async move {
+            let raw =
+                conn.call(|corr| protocol::encode_metadata(corr, client_id, topics), Vec::new()).await?;
+            protocol::decode_metadata(&raw)
+        })
+        .await
     }
 
     /// Refreshes the cache: all topics when `None`, else only those named
@@ -171,5 +242,19 @@ impl Cluster {
             .into_iter()
             .map(|a| a.ok_or_else(|| ClientError::Protocol("missing ListOffsets answer".into())))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bootstrap;
+
+    #[test]
+    fn bootstrap_lists() {
+        assert_eq!(parse_bootstrap("a:1").unwrap(), vec!["a:1"]);
+        assert_eq!(parse_bootstrap(" a:1, b:2 ,").unwrap(), vec!["a:1", "b:2"]);
+        for bad in ["", " , ", "a", "a:x", ":1", "a:1,b"] {
+            assert!(parse_bootstrap(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -6,7 +6,9 @@ use std::sync::Arc;
 /// Settings shared by every client type.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// `host:port` of any broker's public port.
+    /// `host:port` of any broker's public port, or a comma-separated list
+    /// of them (tried in turn until one answers; the brokers metadata names
+    /// are tried after them).
     pub bootstrap: String,
     /// Sent in every request envelope (for broker logs).
     pub client_id: String,

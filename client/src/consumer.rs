@@ -384,13 +384,21 @@ impl Consumer {
             let md = self.cluster.refresh(Some(&topics)).await?;
             for ((t, p), s) in &mut self.parts {
                 if s.leader.is_none() {
-                    s.leader = Some(md.leader_addr(t, *p)?);
+                    match md.leader_addr(t, *p) {
+                        Ok(addr) => s.leader = Some(addr),
+                        // No live leader (its broker is down): skipped
+                        // until a later poll finds one.
+                        Err(e) if e.is_retriable() => {
+                            tracing::debug!(topic = %t, partition = p, error = %e, "partition not fetched");
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
             }
         }
         let mut by_addr: HashMap<String, (Vec<FetchTarget>, Vec<Sent>)> = HashMap::new();
         for ((t, p), s) in &self.parts {
-            let addr = s.leader.as_ref().expect("resolved above");
+            let Some(addr) = s.leader.as_ref() else { continue };
             if self.tasks.contains_key(addr) {
                 continue;
             }

@@ -10,6 +10,7 @@ pub fn is_retriable(code: ErrorCode) -> bool {
     matches!(
         code,
         ErrorCode::NotLeaderOrFollower
+            | ErrorCode::LeaderNotAvailable
             | ErrorCode::RequestTimedOut
             | ErrorCode::BrokerShuttingDown
             | ErrorCode::TooManyInFlight

@@ -60,13 +60,13 @@ pub(crate) async fn admin(config: ClientConfig) -> anyhow::Result<Admin> {
 
 pub async fn topic(cmd: TopicCommand) -> anyhow::Result<()> {
     match cmd {
-        TopicCommand::Create { name, partitions, configs, client } => {
+        TopicCommand::Create { name, partitions, replication_factor, configs, client } => {
             let entries =
                 configs.iter().map(|kv| crate::serve::parse_kv(kv)).collect::<anyhow::Result<Vec<_>>>()?;
             let (config, _) = client_config(&client, None)?;
             admin(config)
                 .await?
-                .create_topic(&name, partitions, &entries)
+                .create_topic_replicated(&name, partitions, replication_factor, &entries)
                 .await
                 .with_context(|| format!("cannot create topic `{name}`"))?;
             println!("created topic {name} with {partitions} partitions");
@@ -102,14 +102,29 @@ pub async fn topic(cmd: TopicCommand) -> anyhow::Result<()> {
                 println!("  {k}={v}");
             }
             println!(
-                "{:>9} {:>6} {:>5} {:>21} {:>12} {:>12}",
-                "partition", "leader", "shard", "address", "start", "end"
+                "{:>9} {:>6} {:>5} {:>21} {:>12} {:>12} {:>8}",
+                "partition", "leader", "shard", "address", "start", "end", "replicas"
             );
             for p in &d.partitions {
+                let replicas: Vec<String> = p.replicas.iter().map(i32::to_string).collect();
+                let replicas = replicas.join(",");
+                if p.offline {
+                    println!(
+                        "{:>9} {:>6} {:>5} {:>21} {:>12} {:>12} {:>8}",
+                        p.partition, "-", "-", "OFFLINE (no live leader)", "-", "-", replicas
+                    );
+                    continue;
+                }
                 let addr = format!("{}:{}", p.leader_host, p.leader_port);
                 println!(
-                    "{:>9} {:>6} {:>5} {:>21} {:>12} {:>12}",
-                    p.partition, p.leader_broker, p.leader_shard, addr, p.start_offset, p.end_offset
+                    "{:>9} {:>6} {:>5} {:>21} {:>12} {:>12} {:>8}",
+                    p.partition,
+                    p.leader_broker,
+                    p.leader_shard,
+                    addr,
+                    p.start_offset,
+                    p.end_offset,
+                    replicas
                 );
             }
         }
@@ -393,6 +408,8 @@ fn describe_json(d: &shardlog_client::TopicDescription) -> serde_json::Value {
                 "leader_epoch": p.leader_epoch,
                 "start_offset": p.start_offset,
                 "end_offset": p.end_offset,
+                "offline": p.offline,
+                "replicas": p.replicas,
             })
         })
         .collect();

@@ -114,6 +114,10 @@ pub enum TopicCommand {
         name: String,
         #[arg(long, default_value_t = 1)]
         partitions: u32,
+        /// Copies of each partition; only 1 until replication exists (the
+        /// broker refuses more with a clear message).
+        #[arg(long, default_value_t = 1)]
+        replication_factor: u16,
         /// Topic setting `name=value` (Kafka names: retention.ms, segment.bytes, flush.policy...).
         #[arg(long = "config", value_name = "KEY=VALUE")]
         configs: Vec<String>,

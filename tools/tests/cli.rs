@@ -128,7 +128,7 @@ fn topic_create_list_describe_delete() {
     let rows: Vec<Vec<&str>> = out
         .lines()
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .filter(|w| w.len() == 6 && w[0].parse::<u32>().is_ok())
+        .filter(|w| w.len() == 7 && w[0].parse::<u32>().is_ok())
         .collect();
     assert_eq!(rows.len(), 4, "{out}");
     for row in &rows {

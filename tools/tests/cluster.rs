@@ -8,7 +8,7 @@ mod common;
 #[path = "../../broker/tests/common/zk.rs"]
 mod zk;
 
-use common::BIN;
+use common::{wait_for, BIN};
 use shardlog_broker::cluster::controller;
 use shardlog_broker::cluster::zk::{self as zkm, paths};
 use shardlog_broker::cluster::ControllerInfo;
@@ -57,17 +57,6 @@ fn controller_now(rt: &tokio::runtime::Runtime, client: &zkm::Client) -> Option<
 
 fn registered(rt: &tokio::runtime::Runtime, client: &zkm::Client, id: i32) -> Option<i64> {
     rt.block_on(client.check_stat(&paths::broker(id))).expect("stat").map(|s| s.ephemeral_owner)
-}
-
-fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> (T, Duration) {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return (v, started.elapsed());
-        }
-        assert!(started.elapsed() < within, "{what}: not within {within:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]

@@ -198,7 +198,7 @@ pub enum Write {
         data: Vec<u8>,
         version: i32,
     },
-    /// Version-checked delete.
+    /// Version-checked delete (-1: any version).
     Delete {
         path: String,
         version: i32,
@@ -219,7 +219,7 @@ pub async fn fenced_write(
         match w {
             Write::Create { path, data } => multi.add_create(path, data, &persistent)?,
             Write::Set { path, data, version } => multi.add_set_data(path, data, Some(*version))?,
-            Write::Delete { path, version } => multi.add_delete(path, Some(*version))?,
+            Write::Delete { path, version } => multi.add_delete(path, (*version >= 0).then_some(*version))?,
         }
     }
     match multi.commit().await {
@@ -427,6 +427,76 @@ pub async fn serve_topic_requests(
         }
     }
     Ok(created)
+}
+
+/// Hands a topic deletion to the controller (any broker may call this).
+pub async fn request_topic_deletion(client: &zkc::Client, topic: &str) -> Result<(), ControllerError> {
+    let persistent = zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all());
+    match client.create(&paths::delete_topic_request(topic), &[], &persistent).await {
+        Ok(_) | Err(zkc::Error::NodeExists) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The controller's side of deletions: every partition goes to
+/// `NonExistent` (through `Offline` when online, as Kafka's machine has it)
+/// and the topic's znodes and the request go in one fenced multi-op. A
+/// request for a topic that does not exist is deleted with a log line.
+pub async fn serve_delete_requests(
+    client: &zkc::Client,
+    epoch: &ControllerEpoch,
+) -> Result<usize, ControllerError> {
+    let mut deleted = 0;
+    for topic in client.list_children(paths::DELETE_TOPIC_REQUESTS).await? {
+        let path = paths::delete_topic_request(&topic);
+        let stat = match client.check_stat(&path).await? {
+            Some(s) => s,
+            None => continue,
+        };
+        let done = Write::Delete { path: path.clone(), version: stat.version };
+        let mut writes = match topic_deletion_writes(client, &topic).await {
+            Ok(w) => w,
+            Err(ControllerError::ZooKeeper(zkc::Error::NoNode)) => {
+                tracing::warn!(%topic, "deletion requested for a topic that does not exist");
+                fenced_write(client, epoch, &[done]).await?;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        writes.push(done);
+        match fenced_write(client, epoch, &writes).await {
+            Ok(()) => {
+                tracing::info!(%topic, epoch = epoch.epoch, "controller deleted topic");
+                deleted += 1;
+            }
+            Err(e @ ControllerError::Fenced { .. }) => return Err(e),
+            // Changed meanwhile (a state written by a reconcile): next round.
+            Err(e) => tracing::warn!(%topic, error = %e, "topic deletion deferred"),
+        }
+    }
+    Ok(deleted)
+}
+
+/// The version-checked deletes that remove a topic, children first.
+async fn topic_deletion_writes(client: &zkc::Client, topic: &str) -> Result<Vec<Write>, ControllerError> {
+    let topic_path = paths::topic(topic);
+    let assignment = read_topic(client, topic).await?;
+    let mut writes = Vec::new();
+    for p in 0..assignment.partitions.len() as u32 {
+        let (state, version) = read_partition_state(client, topic, p).await?;
+        if state.state == PartitionState::Online {
+            check_transition(state.state, PartitionState::Offline)?;
+            check_transition(PartitionState::Offline, PartitionState::NonExistent)?;
+        } else {
+            check_transition(state.state, PartitionState::NonExistent)?;
+        }
+        writes.push(Write::Delete { path: paths::partition_state(topic, p), version });
+        writes.push(Write::Delete { path: format!("{topic_path}/partitions/{p}"), version: -1 });
+    }
+    writes.push(Write::Delete { path: format!("{topic_path}/partitions"), version: -1 });
+    let stat = client.check_stat(&topic_path).await?.ok_or(zkc::Error::NoNode)?;
+    writes.push(Write::Delete { path: topic_path, version: stat.version });
+    Ok(writes)
 }
 
 /// How many partitions each broker leads now (for placement).

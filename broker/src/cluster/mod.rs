@@ -20,11 +20,21 @@
 //! | `/shardlog/controller_epoch` | persistent | the last controller epoch, decimal |
 //! | `/shardlog/topics/<topic>` | persistent | [`controller::TopicAssignment`] JSON |
 //! | `/shardlog/topics/<topic>/partitions/<p>/state` | persistent | [`controller::PartitionStateZnode`] JSON |
+//! | `/shardlog/admin/create_topics/<topic>` | persistent | [`controller::CreateTopicRequest`] JSON, for the controller |
+//! | `/shardlog/admin/delete_topics/<topic>` | persistent | empty: a deletion for the controller |
+//!
+//! `metadata` is the snapshot brokers serve from (published by the control
+//! thread to every shard); `request` is what shards ask of the control
+//! thread (topic creation and deletion).
 
 pub mod controller;
+pub mod metadata;
 pub mod placement;
+pub mod request;
 pub mod status;
 pub mod zk;
+
+pub use request::ClusterLink;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -102,6 +112,11 @@ pub trait Membership: Send {
     /// Whether this broker is the controller now.
     fn is_controller(&self) -> bool {
         self.view().controller.is_some_and(|c| c.broker_id == self.broker_id())
+    }
+    /// The shards' handle on the cluster's metadata and controller; `None`
+    /// for a broker alone (its shards keep `topics.json`).
+    fn link(&self) -> Option<ClusterLink> {
+        None
     }
     /// Leaves the cluster (closes the session: ephemerals go at once).
     fn shutdown(self: Box<Self>);

@@ -25,11 +25,14 @@
 //! logged: the client reconnects within the session by itself.
 
 use super::controller::{self, ControllerEpoch};
+use super::metadata::{self, ClusterMetadata};
 use super::placement::Candidate;
+use super::request::{ClusterLink, ControlRequest};
 use super::{BrokerRegistration, ClusterConfig, ClusterError, ClusterView, Membership};
 use std::collections::BTreeSet;
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::watch;
 use zookeeper_client as zkc;
 
 /// The ZooKeeper client type this backend uses (for tests and tools).
@@ -43,8 +46,12 @@ pub mod paths {
     pub const CONTROLLER: &str = "/shardlog/controller";
     pub const CONTROLLER_EPOCH: &str = "/shardlog/controller_epoch";
     pub const TOPICS: &str = "/shardlog/topics";
+    /// Requests for the controller (creations, deletions).
+    pub const ADMIN: &str = "/shardlog/admin";
     /// Topic creations waiting for the controller.
     pub const CREATE_TOPIC_REQUESTS: &str = "/shardlog/admin/create_topics";
+    /// Topic deletions waiting for the controller.
+    pub const DELETE_TOPIC_REQUESTS: &str = "/shardlog/admin/delete_topics";
 
     #[must_use]
     pub fn broker(id: i32) -> String {
@@ -53,6 +60,10 @@ pub mod paths {
     #[must_use]
     pub fn create_topic_request(topic: &str) -> String {
         format!("{CREATE_TOPIC_REQUESTS}/{topic}")
+    }
+    #[must_use]
+    pub fn delete_topic_request(topic: &str) -> String {
+        format!("{DELETE_TOPIC_REQUESTS}/{topic}")
     }
     #[must_use]
     pub fn topic(topic: &str) -> String {
@@ -107,7 +118,13 @@ pub async fn connect(connect_string: &str, session_timeout: Duration) -> Result<
 /// Creates the persistent znodes of the layout (idempotent).
 pub async fn ensure_layout(client: &zkc::Client) -> Result<(), ClusterError> {
     let dir = zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all());
-    for path in [paths::BROKER_IDS, paths::TOPICS, paths::CREATE_TOPIC_REQUESTS, "/shardlog/cluster"] {
+    for path in [
+        paths::BROKER_IDS,
+        paths::TOPICS,
+        paths::CREATE_TOPIC_REQUESTS,
+        paths::DELETE_TOPIC_REQUESTS,
+        "/shardlog/cluster",
+    ] {
         match client.mkdir(path, &dir).await {
             Ok(()) | Err(zkc::Error::NodeExists) => {}
             Err(e) => return Err(e.into()),
@@ -148,7 +165,7 @@ pub async fn register(client: &zkc::Client, me: &BrokerRegistration) -> Result<(
 async fn read_brokers(
     client: &zkc::Client,
     view: &mut ClusterView,
-) -> Result<zkc::OneshotWatcher, ClusterError> {
+) -> Result<zkc::OneshotWatcher, zkc::Error> {
     let (ids, watcher) = client.list_and_watch_children(paths::BROKER_IDS).await?;
     view.brokers.clear();
     for id in ids {
@@ -161,7 +178,7 @@ async fn read_brokers(
                 Err(e) => tracing::warn!(broker = n, error = %e, "unreadable broker registration"),
             },
             Err(zkc::Error::NoNode) => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(e),
         }
     }
     if view.cluster_id.is_none() {
@@ -175,21 +192,27 @@ async fn read_brokers(
 pub struct ZkMembership {
     id: i32,
     view: Arc<Mutex<ClusterView>>,
+    link: ClusterLink,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl ZkMembership {
     /// Starts the control thread and returns once this broker is registered
-    /// and has read the cluster once (brokers, controller; elected if none).
-    /// Waits (logging every attempt) while no ensemble member answers;
-    /// fails at once when the id is registered by another broker.
+    /// and has read the cluster once (brokers, controller, elected if none,
+    /// and every topic). Waits (logging every attempt) while no ensemble
+    /// member answers; fails at once when the id is registered by another
+    /// broker.
     pub fn start(config: &ClusterConfig, me: BrokerRegistration) -> Result<ZkMembership, ClusterError> {
         split_connect(&config.zookeeper)?;
         let view = Arc::new(Mutex::new(ClusterView::default()));
         let (ready_tx, ready_rx) = mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
-        let (config, shared, id) = (config.clone(), view.clone(), me.id);
+        let (md_tx, md_rx) = watch::channel(Arc::new(ClusterMetadata::default()));
+        let (control_tx, control_rx) = tokio::sync::mpsc::unbounded_channel();
+        let link = ClusterLink { broker_id: me.id, metadata: md_rx, control: control_tx };
+        let (config, id) = (config.clone(), me.id);
+        let control = Control { view: view.clone(), metadata: md_tx, requests: control_rx };
         let thread = std::thread::Builder::new()
             .name("zk-control".into())
             .spawn(move || {
@@ -200,11 +223,11 @@ impl ZkMembership {
                         return;
                     }
                 };
-                rt.block_on(session_loop(config, me, shared, ready_tx, stop_rx));
+                rt.block_on(session_loop(config, me, control, ready_tx, stop_rx));
             })
             .map_err(|e| ClusterError::Thread(e.to_string()))?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(ZkMembership { id, view, stop: Some(stop_tx), thread: Some(thread) }),
+            Ok(Ok(())) => Ok(ZkMembership { id, view, link, stop: Some(stop_tx), thread: Some(thread) }),
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e)
@@ -239,12 +262,22 @@ impl Membership for ZkMembership {
     fn view(&self) -> ClusterView {
         self.view.lock().map(|v| v.clone()).unwrap_or_default()
     }
+    fn link(&self) -> Option<ClusterLink> {
+        Some(self.link.clone())
+    }
     fn shutdown(mut self: Box<Self>) {
         self.stop();
     }
 }
 
 type Ready = mpsc::Sender<Result<(), ClusterError>>;
+
+/// What the control thread publishes and serves, across sessions.
+struct Control {
+    view: Arc<Mutex<ClusterView>>,
+    metadata: watch::Sender<Arc<ClusterMetadata>>,
+    requests: tokio::sync::mpsc::UnboundedReceiver<ControlRequest>,
+}
 
 /// How a session ended.
 enum SessionEnd {
@@ -256,7 +289,7 @@ enum SessionEnd {
 async fn session_loop(
     config: ClusterConfig,
     me: BrokerRegistration,
-    shared: Arc<Mutex<ClusterView>>,
+    mut control: Control,
     ready: Ready,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
@@ -286,10 +319,10 @@ async fn session_loop(
                 continue;
             }
         }
-        match serve_session(&client, &me, &shared, &mut stop, &mut ready).await {
+        match serve_session(&client, &me, &mut control, &mut stop, &mut ready).await {
             SessionEnd::Stop => return,
             SessionEnd::Renew => {
-                if let Ok(mut v) = shared.lock() {
+                if let Ok(mut v) = control.view.lock() {
                     v.controller = None;
                 }
                 tracing::warn!(
@@ -316,99 +349,208 @@ async fn connect_retrying(config: &ClusterConfig) -> zkc::Client {
     }
 }
 
+/// Whether a session state ends the session.
+fn terminal(state: zkc::SessionState) -> bool {
+    !matches!(
+        state,
+        zkc::SessionState::Disconnected
+            | zkc::SessionState::SyncConnected
+            | zkc::SessionState::ConnectedReadOnly
+    )
+}
+
+/// Waits for the next node event of a persistent watch, then gathers the
+/// ones that follow within a moment (a topic creation is one multi-op but
+/// many events), so one round answers them all. `Err` on a terminal session
+/// state (the watcher must not be polled after one).
+async fn next_events(watcher: &mut zkc::PersistentWatcher) -> Result<(), zkc::SessionState> {
+    let mut event = watcher.changed().await;
+    loop {
+        if event.event_type == zkc::EventType::Session && terminal(event.session_state) {
+            return Err(event.session_state);
+        }
+        match tokio::time::timeout(EVENT_GATHER, watcher.changed()).await {
+            Ok(next) => event = next,
+            Err(_) => return Ok(()),
+        }
+    }
+}
+
+/// How long events are gathered into one round.
+const EVENT_GATHER: Duration = Duration::from_millis(5);
+
 async fn serve_session(
     client: &zkc::Client,
     me: &BrokerRegistration,
-    shared: &Arc<Mutex<ClusterView>>,
+    control: &mut Control,
     stop: &mut tokio::sync::oneshot::Receiver<()>,
     ready: &mut Option<Ready>,
 ) -> SessionEnd {
     let mut states = client.state_watcher();
     let mut epoch: Option<ControllerEpoch> = None;
+    // (Re)installed before a round reads, so no change after it is missed.
+    let mut persistent: Option<(zkc::PersistentWatcher, zkc::PersistentWatcher)> = None;
     loop {
+        let (topics_watch, admin_watch) = match persistent.take() {
+            Some(w) => w,
+            None => match install_watches(client).await {
+                Ok(w) => w,
+                Err(zkc::Error::SessionExpired | zkc::Error::ClientClosed) => return SessionEnd::Renew,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot watch ZooKeeper; retrying");
+                    tokio::select! {
+                        _ = &mut *stop => return SessionEnd::Stop,
+                        () = tokio::time::sleep(RETRY) => continue,
+                    }
+                }
+            },
+        };
+        let (mut topics_watch, mut admin_watch) = (topics_watch, admin_watch);
         let mut view = ClusterView::default();
         let round = async {
             let brokers = read_brokers(client, &mut view).await?;
             let (exists, controller_watch) = client.check_and_watch_stat(paths::CONTROLLER).await?;
             if exists.is_none() {
-                epoch = controller::elect(client, me.id)
-                    .await
-                    .map_err(|e| ClusterError::Thread(e.to_string()))?;
+                epoch = controller::elect(client, me.id).await?;
                 if let Some(e) = epoch {
                     tracing::info!(broker = me.id, epoch = e.epoch, "elected controller");
                 }
             }
-            view.controller =
-                controller::read_controller(client).await.map_err(|e| ClusterError::Thread(e.to_string()))?;
+            view.controller = controller::read_controller(client).await?;
             if view.controller.map(|c| c.broker_id) != Some(me.id)
                 || view.controller.map(|c| c.epoch) != epoch.map(|e| e.epoch)
             {
                 epoch = None;
             }
-            let mut requests = None;
             if let Some(e) = &epoch {
-                let (_, watch) = client.list_and_watch_children(paths::CREATE_TOPIC_REQUESTS).await?;
-                requests = Some(watch);
-                let candidates: Vec<Candidate> =
-                    view.brokers.values().map(|b| Candidate { id: b.id, rack: b.rack.clone() }).collect();
-                if let Err(err) = controller::serve_topic_requests(client, e, &candidates).await {
-                    tracing::warn!(error = %err, "serving topic creation requests failed");
-                }
-                let live: BTreeSet<i32> = view.brokers.keys().copied().collect();
-                match controller::reconcile(client, e, &live).await {
-                    Ok(_) => {}
-                    Err(controller::ControllerError::Fenced { .. }) => {
+                if let Err(err) = controller_round(client, e, &view).await {
+                    if matches!(err, controller::ControllerError::Fenced { .. }) {
                         tracing::warn!(broker = me.id, epoch = e.epoch, "fenced: a newer controller exists");
                         epoch = None;
+                    } else {
+                        tracing::warn!(error = %err, "controller round failed");
                     }
-                    Err(err) => tracing::warn!(error = %err, "reconciling partition states failed"),
                 }
             }
-            Ok::<_, ClusterError>((brokers, controller_watch, requests))
+            let topics = metadata::read_topics(client).await?;
+            Ok::<_, controller::ControllerError>((brokers, controller_watch, topics))
         };
         let watches = match round.await {
-            Ok(w) => Some(w),
-            Err(ClusterError::ZooKeeper(zkc::Error::SessionExpired | zkc::Error::ClientClosed)) => {
-                return SessionEnd::Renew
+            Ok((brokers, controller_watch, topics)) => {
+                let md = ClusterMetadata {
+                    cluster_id: view.cluster_id.clone(),
+                    brokers: view.brokers.clone(),
+                    controller: view.controller,
+                    topics,
+                };
+                control.metadata.send_if_modified(|current| {
+                    let changed = **current != md;
+                    if changed {
+                        *current = Arc::new(md);
+                    }
+                    changed
+                });
+                Some((brokers, controller_watch))
             }
+            Err(controller::ControllerError::ZooKeeper(
+                zkc::Error::SessionExpired | zkc::Error::ClientClosed,
+            )) => return SessionEnd::Renew,
             Err(e) => {
                 tracing::warn!(error = %e, "reading cluster state from ZooKeeper failed; retrying");
                 None
             }
         };
-        if let Ok(mut v) = shared.lock() {
+        if let Ok(mut v) = control.view.lock() {
             *v = view;
         }
         // Start-up returns once the first view is published.
-        if let Some(r) = ready.take() {
-            let _gone = r.send(Ok(()));
+        if watches.is_some() {
+            if let Some(r) = ready.take() {
+                let _gone = r.send(Ok(()));
+            }
         }
-        let Some((brokers, controller_watch, requests)) = watches else {
+        let Some((brokers, controller_watch)) = watches else {
+            persistent = Some((topics_watch, admin_watch));
             tokio::select! {
                 _ = &mut *stop => return SessionEnd::Stop,
                 () = tokio::time::sleep(RETRY) => continue,
             }
         };
+        let mut rewatch = false;
         tokio::select! {
             _ = &mut *stop => return SessionEnd::Stop,
             _ = brokers.changed() => {}
             _ = controller_watch.changed() => {}
-            _ = async {
-                match requests {
-                    Some(w) => w.changed().await,
-                    None => std::future::pending().await,
-                }
-            } => {}
-            state = wait_terminal(&mut states) => {
+            r = next_events(&mut topics_watch) => if let Err(state) = r {
                 tracing::warn!(broker = me.id, ?state, "ZooKeeper session lost");
                 return SessionEnd::Renew;
+            },
+            r = next_events(&mut admin_watch) => if let Err(state) = r {
+                tracing::warn!(broker = me.id, ?state, "ZooKeeper session lost");
+                return SessionEnd::Renew;
+            },
+            Some(request) = control.requests.recv() => {
+                // Served on a task of its own: waiting for the controller
+                // must not hold up this loop (it may be the controller).
+                tokio::spawn(request.serve(client.clone(), control.metadata.subscribe()));
             }
+            change = session_change(&mut states) => match change {
+                // Watch events can be lost while the connection moves to
+                // another ensemble member (ZOOKEEPER-4698): read everything
+                // again now that it is back.
+                // The persistent watches are installed anew too.
+                SessionChange::Reconnected => rewatch = true,
+                SessionChange::Ended(state) => {
+                    tracing::warn!(broker = me.id, ?state, "ZooKeeper session lost");
+                    return SessionEnd::Renew;
+                }
+            },
+            // A safety net under the watches: a full read now and then.
+            () = tokio::time::sleep(RESYNC) => {}
+        }
+        if !rewatch {
+            persistent = Some((topics_watch, admin_watch));
         }
     }
 }
 
-/// Waits for a terminal session state, logging the transient ones.
-async fn wait_terminal(states: &mut zkc::StateWatcher) -> zkc::SessionState {
+/// The persistent recursive watches on `/shardlog/topics` and `/shardlog/admin`.
+async fn install_watches(
+    client: &zkc::Client,
+) -> Result<(zkc::PersistentWatcher, zkc::PersistentWatcher), zkc::Error> {
+    let topics = client.watch(paths::TOPICS, zkc::AddWatchMode::PersistentRecursive).await?;
+    let admin = client.watch(paths::ADMIN, zkc::AddWatchMode::PersistentRecursive).await?;
+    Ok((topics, admin))
+}
+
+/// How often the control thread reads the whole cluster state without a
+/// watch event.
+const RESYNC: Duration = Duration::from_secs(30);
+
+enum SessionChange {
+    Reconnected,
+    Ended(zkc::SessionState),
+}
+
+/// What the controller does each round: serve creation and deletion
+/// requests, then move partition states to what the live brokers give.
+async fn controller_round(
+    client: &zkc::Client,
+    epoch: &ControllerEpoch,
+    view: &ClusterView,
+) -> Result<(), controller::ControllerError> {
+    let candidates: Vec<Candidate> =
+        view.brokers.values().map(|b| Candidate { id: b.id, rack: b.rack.clone() }).collect();
+    controller::serve_topic_requests(client, epoch, &candidates).await?;
+    controller::serve_delete_requests(client, epoch).await?;
+    let live: BTreeSet<i32> = view.brokers.keys().copied().collect();
+    controller::reconcile(client, epoch, &live).await?;
+    Ok(())
+}
+
+/// Waits for the connection to come back after a loss (logging the loss),
+/// or for the session to end.
+async fn session_change(states: &mut zkc::StateWatcher) -> SessionChange {
     loop {
         let state = states.changed().await;
         match state {
@@ -416,9 +558,10 @@ async fn wait_terminal(states: &mut zkc::StateWatcher) -> zkc::SessionState {
                 tracing::warn!("ZooKeeper connection lost; reconnecting within the session")
             }
             zkc::SessionState::SyncConnected | zkc::SessionState::ConnectedReadOnly => {
-                tracing::info!(?state, "ZooKeeper connection back")
+                tracing::info!(?state, "ZooKeeper connection back");
+                return SessionChange::Reconnected;
             }
-            terminal => return terminal,
+            ended => return SessionChange::Ended(ended),
         }
     }
 }

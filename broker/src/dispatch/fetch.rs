@@ -39,7 +39,7 @@ impl FetchPart {
 
 async fn read_part(ctx: &Rc<ShardContext>, part: &mut FetchPart, max_bytes: u32) {
     part.reset();
-    if let Some(e) = ctx.check_partition(&part.topic, part.partition) {
+    if let Some(e) = ctx.check_served(&part.topic, part.partition) {
         part.error = Some(e);
         return;
     }
@@ -190,7 +190,7 @@ pub(crate) async fn wait_for_data(
     for (&(topic, partition, offset), local) in parts.iter().zip(generations) {
         if let Some((notify, seen)) = local {
             waits.push(Box::pin(async move { notify.changed(seen).await }));
-        } else if ctx.check_partition(topic, partition).is_none() {
+        } else if ctx.check_served(topic, partition).is_none() {
             let owner = ctx.owner(topic, partition);
             let op = ShardOp::WaitData { topic: topic.to_string(), partition, offset, timeout };
             let ctx = ctx.clone();

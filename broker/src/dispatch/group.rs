@@ -4,8 +4,8 @@
 //! answered here.
 
 use super::{request_error, response, Outgoing};
+use crate::group;
 use crate::group::api::*;
-use crate::group::{self, coordinator_of};
 use crate::shard::ShardContext;
 use flatbuffers::{FlatBufferBuilder, WIPOffset};
 use shardlog_schema::wire::{self, ApiKey, ErrorCode};
@@ -214,18 +214,18 @@ fn find_coordinator(ctx: &ShardContext, corr: u32, r: wire::FindCoordinatorReque
             ..Default::default()
         }
     } else {
-        match coordinator_of(ctx, group) {
-            Ok((partition, shard)) => {
-                let host = fbb.create_string(&ctx.endpoints.host);
+        match group::locate_coordinator(ctx, group) {
+            Ok(c) => {
+                let host = fbb.create_string(&c.host);
                 wire::FindCoordinatorResponseArgs {
                     error: ErrorCode::None,
                     error_message: None,
-                    broker_id: ctx.config.broker_id,
+                    broker_id: c.broker_id,
                     host: Some(host),
-                    port: ctx.endpoints.public_port,
-                    shard: shard.0,
-                    shard_port: ctx.endpoints.shard_ports.get(shard.0 as usize).copied().unwrap_or_default(),
-                    partition,
+                    port: c.port,
+                    shard: c.shard,
+                    shard_port: c.shard_port,
+                    partition: c.partition,
                 }
             }
             Err(e) => {

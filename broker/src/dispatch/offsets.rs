@@ -20,7 +20,7 @@ pub(super) async fn list_offsets(
         .unwrap_or_default();
     let mut results = Vec::with_capacity(asks.len());
     for (topic, partition, timestamp) in asks {
-        let r = if let Some(e) = ctx.check_partition(&topic, partition) {
+        let r = if let Some(e) = ctx.check_served(&topic, partition) {
             Err(e)
         } else {
             let op = ShardOp::ListOffset { topic: topic.clone(), partition, timestamp };

@@ -23,7 +23,7 @@ pub(crate) async fn produce_one(
     partition: u32,
     data: &[u8],
 ) -> ProduceOutcome {
-    let result = if let Some(e) = ctx.check_partition(topic, partition) {
+    let result = if let Some(e) = ctx.check_served(topic, partition) {
         Err(e)
     } else if topic == shardlog_schema::types::OFFSETS_TOPIC {
         Err(PartitionError::new(

@@ -81,16 +81,76 @@ pub fn coordinator_of(ctx: &ShardContext, group: &str) -> GroupResult<(u32, Shar
     if group.is_empty() || group.len() > GROUP_ID_BYTES_MAX {
         return gerr(ErrorCode::InvalidGroupId, format!("a group id has 1 to {GROUP_ID_BYTES_MAX} bytes"));
     }
-    let n = offsets_partitions(ctx).ok_or_else(|| {
-        GroupError::new(ErrorCode::CoordinatorNotAvailable, "the offsets topic does not exist")
-    })?;
+    let Some(n) = offsets_partitions(ctx) else {
+        // In a cluster the first group request has it created (as Kafka).
+        ctx.request_offsets_topic();
+        return gerr(ErrorCode::CoordinatorNotAvailable, "the offsets topic does not exist (yet)");
+    };
     let p = group_partition(group, n).0;
     Ok((p, ctx.owner(OFFSETS_TOPIC, p)))
 }
 
+/// [`coordinator_of`], on this broker: in a cluster a group is coordinated
+/// by the leader of its offsets partition, so another broker's group gets
+/// `NotCoordinator` (find it again) and one whose partition has no live
+/// leader `CoordinatorNotAvailable`.
+pub fn coordinator_here(ctx: &ShardContext, group: &str) -> GroupResult<(u32, ShardId)> {
+    let (p, shard) = coordinator_of(ctx, group)?;
+    match ctx.check_served(OFFSETS_TOPIC, p) {
+        None => Ok((p, shard)),
+        Some(e) if e.code == ErrorCode::NotLeaderOrFollower => gerr(ErrorCode::NotCoordinator, e.message),
+        Some(e) => gerr(ErrorCode::CoordinatorNotAvailable, e.message),
+    }
+}
+
+/// Where a group's coordinator is, as FindCoordinator answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoordinatorAddr {
+    pub partition: u32,
+    pub broker_id: i32,
+    pub host: String,
+    pub port: u16,
+    pub shard: u16,
+    pub shard_port: u16,
+}
+
+/// Locates `group`'s coordinator: this broker's shard alone; in a cluster
+/// the leader of its offsets partition.
+pub fn locate_coordinator(ctx: &ShardContext, group: &str) -> GroupResult<CoordinatorAddr> {
+    use crate::cluster::metadata::{ClusterMetadata, Route};
+    let (partition, shard) = coordinator_of(ctx, group)?;
+    let Some(md) = ctx.cluster_metadata() else {
+        return Ok(CoordinatorAddr {
+            partition,
+            broker_id: ctx.config.broker_id,
+            host: ctx.endpoints.host.clone(),
+            port: ctx.endpoints.public_port,
+            shard: shard.0,
+            shard_port: ctx.endpoints.shard_ports.get(shard.0 as usize).copied().unwrap_or_default(),
+        });
+    };
+    match md.route(OFFSETS_TOPIC, partition) {
+        Route::Leader { leader, broker: Some(b), .. } => {
+            let (shard, shard_port) = ClusterMetadata::leader_endpoint(b, OFFSETS_TOPIC, partition);
+            Ok(CoordinatorAddr {
+                partition,
+                broker_id: leader,
+                host: b.host.clone(),
+                port: b.port,
+                shard,
+                shard_port,
+            })
+        }
+        _ => gerr(
+            ErrorCode::CoordinatorNotAvailable,
+            format!("{OFFSETS_TOPIC}-{partition}, which holds group `{group}`, has no live leader"),
+        ),
+    }
+}
+
 /// Runs a group request on its coordinating shard (here or over the mesh).
 pub async fn route(ctx: &Rc<ShardContext>, req: GroupRequest) -> GroupResponse {
-    let shard = match coordinator_of(ctx, req.group_id()) {
+    let shard = match coordinator_here(ctx, req.group_id()) {
         Ok((_, shard)) => shard,
         Err(e) => return GroupResponse::error(req.api(), e),
     };
@@ -513,21 +573,39 @@ impl Coordinator {
     /// serves them. Runs at start-up before the shard accepts.
     pub async fn load_owned(&self, ctx: &Rc<ShardContext>) -> Result<(), String> {
         let Some(n) = offsets_partitions(ctx) else { return Ok(()) };
-        for p in (0..n).filter(|p| ctx.owner(OFFSETS_TOPIC, *p) == ctx.id) {
-            let started = Instant::now();
-            let (records, groups) =
-                self.load(ctx, p).await.map_err(|e| format!("{OFFSETS_TOPIC}-{p}: {e}"))?;
-            if records > 0 {
-                tracing::info!(
-                    partition = p,
-                    records,
-                    groups,
-                    ms = started.elapsed().as_millis() as u64,
-                    "groups loaded"
-                );
-            }
-            self.loaded.borrow_mut().insert(p);
+        for p in (0..n)
+            .filter(|p| ctx.owner(OFFSETS_TOPIC, *p) == ctx.id && ctx.partition(OFFSETS_TOPIC, *p).is_some())
+        {
+            self.load_one(ctx, p).await.map_err(|e| format!("{OFFSETS_TOPIC}-{p}: {e}"))?;
         }
+        Ok(())
+    }
+
+    /// Cluster mode: rebuilds the groups of an offsets partition this shard
+    /// has just opened (a failure is logged; its groups then answer
+    /// `CoordinatorNotAvailable`).
+    pub async fn load_partition(&self, ctx: &Rc<ShardContext>, p: u32) {
+        if self.loaded.borrow().contains(&p) {
+            return;
+        }
+        if let Err(e) = self.load_one(ctx, p).await {
+            tracing::error!(partition = p, error = %e, "cannot load the groups of {OFFSETS_TOPIC}-{p}");
+        }
+    }
+
+    async fn load_one(&self, ctx: &Rc<ShardContext>, p: u32) -> Result<(), GroupError> {
+        let started = Instant::now();
+        let (records, groups) = self.load(ctx, p).await?;
+        if records > 0 {
+            tracing::info!(
+                partition = p,
+                records,
+                groups,
+                ms = started.elapsed().as_millis() as u64,
+                "groups loaded"
+            );
+        }
+        self.loaded.borrow_mut().insert(p);
         Ok(())
     }
 

@@ -322,7 +322,7 @@ async fn read(
     offset: u64,
     max_bytes: u32,
 ) -> Result<RemoteRead, (PartitionError, i64, i64)> {
-    if let Some(e) = ctx.check_partition(topic, partition) {
+    if let Some(e) = ctx.check_served(topic, partition) {
         return Err((e, -1, -1));
     }
     let owner = ctx.owner(topic, partition);
@@ -455,7 +455,7 @@ async fn list_offsets(ctx: &Rc<ShardContext>, req: ListOffsetsRequest, version: 
             part.partition_index = p.partition_index;
             let answer = match partition_index(p.partition_index) {
                 None => Err(PartitionError::new(ErrorCode::UnknownTopicOrPartition, "negative partition")),
-                Some(index) => match ctx.check_partition(&topic, index) {
+                Some(index) => match ctx.check_served(&topic, index) {
                     Some(e) => Err(e),
                     None => {
                         let op = ShardOp::ListOffset {

@@ -161,10 +161,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for ApiKey {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ERROR_CODE: u16 = 34;
+pub const ENUM_MAX_ERROR_CODE: u16 = 35;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 35] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 36] = [
   ErrorCode::None,
   ErrorCode::Unknown,
   ErrorCode::CorruptMessage,
@@ -200,6 +200,7 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 35] = [
   ErrorCode::OffsetMetadataTooLarge,
   ErrorCode::OutOfOrderSequence,
   ErrorCode::InvalidProducerEpoch,
+  ErrorCode::LeaderNotAvailable,
 ];
 
 /// Error codes a client can see. Append only; never renumber.
@@ -259,9 +260,12 @@ impl ErrorCode {
   /// An idempotent producer's epoch is older than the partition's (another
   /// instance with the same producer id has taken over).
   pub const InvalidProducerEpoch: Self = Self(34);
+  /// The partition has no live leader (its broker is down): retry after
+  /// refreshing metadata.
+  pub const LeaderNotAvailable: Self = Self(35);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 34;
+  pub const ENUM_MAX: u16 = 35;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::None,
     Self::Unknown,
@@ -298,6 +302,7 @@ impl ErrorCode {
     Self::OffsetMetadataTooLarge,
     Self::OutOfOrderSequence,
     Self::InvalidProducerEpoch,
+    Self::LeaderNotAvailable,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -337,6 +342,7 @@ impl ErrorCode {
       Self::OffsetMetadataTooLarge => Some("OffsetMetadataTooLarge"),
       Self::OutOfOrderSequence => Some("OutOfOrderSequence"),
       Self::InvalidProducerEpoch => Some("InvalidProducerEpoch"),
+      Self::LeaderNotAvailable => Some("LeaderNotAvailable"),
       _ => None,
     }
   }

@@ -240,3 +240,16 @@ pub fn start_kafka() -> (Broker, String) {
     let kafka = broker.kafka.clone().expect("kafka= in the ready line");
     (broker, kafka)
 }
+
+/// Polls `f` every 20 ms until it gives a value; fails the test after
+/// `within`. Returns the value and how long it took.
+pub fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> (T, Duration) {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return (v, started.elapsed());
+        }
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

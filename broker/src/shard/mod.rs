@@ -13,6 +13,10 @@
 //! writer ("controller shard"); every shard keeps its own copy of the table.
 //! **API boundary**: `shard` never parses frames (that is `net`/`dispatch`).
 
+mod cluster;
+
+use crate::cluster::metadata::ClusterMetadata;
+use crate::cluster::ClusterLink;
 use crate::config::{BrokerConfig, TopicConfig};
 use crate::partition::{Partition, PartitionError};
 use crate::topic_error::{TopicOpError, TopicOutcome};
@@ -25,6 +29,7 @@ use shardlog_schema::{ErrorCode, PartitionId, ShardId};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Capacity of each mesh channel (messages, per direction, per pair).
@@ -180,6 +185,12 @@ pub struct ShardContext {
     topic_changes: Semaphore,
     /// Used on shard 0 only (`producer_ids`).
     pub producer_ids: crate::producer_ids::Allocator,
+    /// Cluster mode: the control thread's metadata and requests.
+    cluster: Option<ClusterLink>,
+    /// Cluster mode: the snapshot last applied here (`shard::cluster`).
+    cluster_md: RefCell<Option<Arc<ClusterMetadata>>>,
+    /// Cluster mode: an `__consumer_offsets` creation is being asked for.
+    requested_offsets_topic: Rc<Cell<bool>>,
 }
 
 impl ShardContext {
@@ -187,10 +198,10 @@ impl ShardContext {
         id: ShardId,
         config: Rc<BrokerConfig>,
         endpoints: Endpoints,
-        topics: TopicTable,
         mesh: Senders<ShardMsg>,
         store: Option<Box<dyn TopicStore>>,
         splicer: Option<Rc<crate::io::splice::Splicer>>,
+        cluster: Option<ClusterLink>,
     ) -> Rc<ShardContext> {
         let shard_count = u16::try_from(config.shards).expect("shard count fits u16");
         let limit = crate::log::process_files_limit();
@@ -219,7 +230,7 @@ impl ShardContext {
             buffered_bytes: Rc::new(Semaphore::new(config.limits.shard_buffered_bytes_max as u64)),
             config,
             endpoints,
-            topics: RefCell::new(topics),
+            topics: RefCell::default(),
             partitions: RefCell::default(),
             mesh,
             outbox,
@@ -238,6 +249,9 @@ impl ShardContext {
             store,
             topic_changes: Semaphore::new(1),
             producer_ids: crate::producer_ids::Allocator::new(&config_data_dir, config_broker_id),
+            cluster,
+            cluster_md: RefCell::default(),
+            requested_offsets_topic: Rc::default(),
         })
     }
 
@@ -299,10 +313,21 @@ impl ShardContext {
     /// this shard made of it (partition logs and directories); at start-up
     /// (`false`) a failure leaves every file as it is.
     pub async fn apply_topic(&self, meta: TopicMeta, created: bool) -> Result<(), TopicOpError> {
+        self.open_topic(meta, created, |_| true).await
+    }
+
+    /// [`Self::apply_topic`] for the partitions `here` accepts (in a
+    /// cluster, those placed on this broker).
+    async fn open_topic(
+        &self,
+        meta: TopicMeta,
+        created: bool,
+        here: impl Fn(u32) -> bool,
+    ) -> Result<(), TopicOpError> {
         let name: Rc<str> = Rc::from(meta.name.as_str());
         let mut slots: Vec<Option<Rc<Partition>>> = vec![None; meta.partitions as usize];
         for p in 0..meta.partitions {
-            if self.owner(&meta.name, p) != self.id {
+            if self.owner(&meta.name, p) != self.id || !here(p) {
                 continue;
             }
             let dir = partition_dir(&self.config.data_dir, &meta.name, p);
@@ -556,7 +581,10 @@ impl ShardContext {
             });
         }
         let total: u64 = self.topics.borrow().values().map(|t| u64::from(t.partitions)).sum();
-        let max = self.config.limits.partitions_max as u64;
+        // In a cluster the limit is per broker and placement spreads evenly:
+        // the cluster holds at most the limit times its live brokers.
+        let brokers = self.cluster_md.borrow().as_ref().map_or(1, |md| md.brokers.len().max(1)) as u64;
+        let max = self.config.limits.partitions_max as u64 * brokers;
         if total + u64::from(partitions) > max {
             return Err(TopicOpError::PartitionLimit { topic: topic(), total, max });
         }
@@ -566,6 +594,16 @@ impl ShardContext {
         let mut config: TopicConfig = self.config.topic_defaults.clone();
         for (k, v) in configs {
             config.set(k, v).map_err(|source| TopicOpError::BadConfig { topic: topic(), source })?;
+        }
+        if let Some(link) = &self.cluster {
+            // The overrides as given: each broker applies them over its defaults.
+            let config = configs.iter().cloned().collect();
+            let request = crate::cluster::controller::CreateTopicRequest {
+                partitions,
+                replication_factor: replication,
+                config,
+            };
+            return self.create_in_cluster(link, name, request).await;
         }
         let meta = TopicMeta { name: name.to_string(), partitions, config };
         let before = self.topics.borrow().clone();
@@ -592,6 +630,8 @@ impl ShardContext {
             let _change = self.topic_change().await;
             let result = if name == shardlog_schema::types::OFFSETS_TOPIC {
                 Err(TopicOpError::Internal { topic: name.clone() })
+            } else if let Some(link) = &self.cluster {
+                self.delete_in_cluster(link, &name).await
             } else if self.topics.borrow().contains_key(&name) {
                 let mut table = self.topics.borrow().clone();
                 table.remove(&name);

@@ -1,0 +1,175 @@
+//! Shards and the control thread: what crosses between them.
+//!
+//! A shard never touches ZooKeeper. It holds a [`ClusterLink`]: a
+//! `tokio::sync::watch` receiver of the latest [`ClusterMetadata`] and an
+//! unbounded sender of [`ControlRequest`]s, whose answers come back on a
+//! oneshot channel. Both are runtime-agnostic futures; glommio wakes a task
+//! woken from another thread through its foreign-wake queue, so a shard
+//! awaits them without blocking its reactor.
+//!
+//! A topic creation on any broker: the shard validates what it can (name,
+//! partition count, replication factor, settings), the control thread
+//! leaves a request znode for the controller, waits for the controller to
+//! answer it (the request znode goes, the topic's znodes appear in the same
+//! multi-op), then for the published metadata to show every partition
+//! placed and out of state `New`. Deletion goes the same way.
+
+use super::controller::{self, ControllerError, CreateTopicRequest, PartitionState};
+use super::metadata::ClusterMetadata;
+use super::zk::paths;
+use crate::topic_error::TopicOpError;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{oneshot, watch};
+use zookeeper_client as zkc;
+
+/// How long a topic creation or deletion waits for the controller.
+pub const TOPIC_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A shard's handle on the cluster (cluster mode only).
+#[derive(Debug, Clone)]
+pub struct ClusterLink {
+    pub broker_id: i32,
+    pub metadata: watch::Receiver<Arc<ClusterMetadata>>,
+    pub control: tokio::sync::mpsc::UnboundedSender<ControlRequest>,
+}
+
+/// The answer to a [`ControlRequest`].
+pub type ControlReply = oneshot::Sender<Result<(), TopicOpError>>;
+
+/// What a shard asks of the control thread.
+#[derive(Debug)]
+pub enum ControlRequest {
+    CreateTopic { name: String, request: CreateTopicRequest, reply: ControlReply },
+    DeleteTopic { name: String, reply: ControlReply },
+}
+
+impl ClusterLink {
+    /// Asks the control thread and waits for its answer.
+    pub async fn ask(
+        &self,
+        make: impl FnOnce(ControlReply) -> ControlRequest,
+        topic: &str,
+    ) -> Result<(), TopicOpError> {
+        let (tx, rx) = oneshot::channel();
+        let stopped = || TopicOpError::ZooKeeper {
+            topic: topic.to_string(),
+            message: "the control thread stopped".into(),
+        };
+        self.control.send(make(tx)).map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
+    }
+}
+
+impl ControlRequest {
+    /// Serves the request on the control thread (a task of its own).
+    pub async fn serve(self, client: zkc::Client, metadata: watch::Receiver<Arc<ClusterMetadata>>) {
+        let deadline = Instant::now() + TOPIC_REQUEST_TIMEOUT;
+        match self {
+            ControlRequest::CreateTopic { name, request, reply } => {
+                let r = create(&client, metadata, &name, &request, deadline).await;
+                let _gone = reply.send(r);
+            }
+            ControlRequest::DeleteTopic { name, reply } => {
+                let r = delete(&client, metadata, &name, deadline).await;
+                let _gone = reply.send(r);
+            }
+        }
+    }
+}
+
+fn zk_error(topic: &str) -> impl Fn(ControllerError) -> TopicOpError + '_ {
+    move |e| match e {
+        ControllerError::TopicExists(_) => TopicOpError::AlreadyExists { topic: topic.to_string() },
+        e => TopicOpError::ZooKeeper { topic: topic.to_string(), message: e.to_string() },
+    }
+}
+
+fn timed_out(topic: &str) -> TopicOpError {
+    TopicOpError::ControllerTimeout {
+        topic: topic.to_string(),
+        waited_ms: TOPIC_REQUEST_TIMEOUT.as_millis() as u64,
+    }
+}
+
+async fn create(
+    client: &zkc::Client,
+    metadata: watch::Receiver<Arc<ClusterMetadata>>,
+    topic: &str,
+    request: &CreateTopicRequest,
+    deadline: Instant,
+) -> Result<(), TopicOpError> {
+    let err = zk_error(topic);
+    let exists = client.check_stat(&paths::topic(topic)).await.map_err(|e| err(e.into()))?;
+    if exists.is_some() {
+        return Err(TopicOpError::AlreadyExists { topic: topic.to_string() });
+    }
+    controller::request_topic(client, topic, request).await.map_err(&err)?;
+    wait_gone(client, &paths::create_topic_request(topic), deadline)
+        .await
+        .map_err(&err)?
+        .ok_or_else(|| timed_out(topic))?;
+    if client.check_stat(&paths::topic(topic)).await.map_err(|e| err(e.into()))?.is_none() {
+        return Err(TopicOpError::Refused {
+            topic: topic.to_string(),
+            reason: "the topic was not created (the controller's log says why)".into(),
+        });
+    }
+    let placed = |md: &ClusterMetadata| {
+        md.topics.get(topic).is_some_and(|t| t.partitions.iter().all(|p| p.state != PartitionState::New))
+    };
+    wait_metadata(metadata, placed, deadline).await.ok_or_else(|| timed_out(topic))
+}
+
+async fn delete(
+    client: &zkc::Client,
+    metadata: watch::Receiver<Arc<ClusterMetadata>>,
+    topic: &str,
+    deadline: Instant,
+) -> Result<(), TopicOpError> {
+    let err = zk_error(topic);
+    let exists = client.check_stat(&paths::topic(topic)).await.map_err(|e| err(e.into()))?;
+    if exists.is_none() {
+        return Err(TopicOpError::Unknown { topic: topic.to_string() });
+    }
+    controller::request_topic_deletion(client, topic).await.map_err(&err)?;
+    wait_gone(client, &paths::delete_topic_request(topic), deadline)
+        .await
+        .map_err(&err)?
+        .ok_or_else(|| timed_out(topic))?;
+    wait_metadata(metadata, |md| !md.topics.contains_key(topic), deadline)
+        .await
+        .ok_or_else(|| timed_out(topic))
+}
+
+/// Waits until `path` does not exist; `Ok(None)` at the deadline.
+async fn wait_gone(
+    client: &zkc::Client,
+    path: &str,
+    deadline: Instant,
+) -> Result<Option<()>, ControllerError> {
+    loop {
+        let (stat, watcher) = client.check_and_watch_stat(path).await?;
+        if stat.is_none() {
+            return Ok(Some(()));
+        }
+        let until = tokio::time::Instant::from_std(deadline);
+        if tokio::time::timeout_at(until, watcher.changed()).await.is_err() {
+            return Ok(None);
+        }
+    }
+}
+
+/// Waits until the published metadata satisfies `done`; `None` at the deadline.
+async fn wait_metadata(
+    mut metadata: watch::Receiver<Arc<ClusterMetadata>>,
+    done: impl Fn(&ClusterMetadata) -> bool,
+    deadline: Instant,
+) -> Option<()> {
+    let until = tokio::time::Instant::from_std(deadline);
+    let wait = metadata.wait_for(|md| done(md));
+    match tokio::time::timeout_at(until, wait).await {
+        Ok(Ok(_)) => Some(()),
+        _ => None,
+    }
+}

@@ -1,0 +1,211 @@
+//! A shard in a cluster: applying the control thread's metadata snapshots
+//! and routing by them.
+//!
+//! Each shard follows the published [`ClusterMetadata`] on its own (a task
+//! per shard, `follow_cluster`): it adds every topic of the cluster to its
+//! table, opens the partitions placed on this broker that it owns (their
+//! logs recover as at any start), and deletes the local partitions of
+//! topics the controller deleted. Requests are then routed by the snapshot
+//! the shard last applied (`check_served`): a partition led elsewhere gets
+//! `NotLeaderOrFollower` naming its leader, one without a live leader gets
+//! `LeaderNotAvailable`. **Invariant**: a snapshot is stored only after its
+//! partitions are open, so a shard never routes a request to a partition it
+//! has not opened yet.
+
+use super::ShardContext;
+use crate::cluster::controller::CreateTopicRequest;
+use crate::cluster::metadata::{ClusterMetadata, ClusterTopic, Route};
+use crate::cluster::request::ControlRequest;
+use crate::cluster::ClusterLink;
+use crate::config::TopicConfig;
+use crate::partition::PartitionError;
+use crate::topic_error::TopicOpError;
+use crate::topics::TopicMeta;
+use shardlog_schema::types::OFFSETS_TOPIC;
+use shardlog_schema::ErrorCode;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a topic change waits to show in this shard's table after the
+/// controller made it (the snapshot is published at the same moment; this
+/// is the shard's own apply).
+const LOCAL_APPLY_WAIT: Duration = Duration::from_secs(5);
+
+impl ShardContext {
+    /// The cluster link, in cluster mode.
+    pub fn cluster_link(&self) -> Option<&ClusterLink> {
+        self.cluster.as_ref()
+    }
+
+    /// The snapshot this shard last applied (cluster mode).
+    pub fn cluster_metadata(&self) -> Option<Arc<ClusterMetadata>> {
+        self.cluster_md.borrow().clone()
+    }
+
+    /// This broker's settings for a cluster topic: its defaults (the offsets
+    /// topic's for `__consumer_offsets`) with the topic's overrides.
+    fn cluster_topic_meta(&self, name: &str, topic: &ClusterTopic) -> Result<TopicMeta, TopicOpError> {
+        let mut config: TopicConfig = if name == OFFSETS_TOPIC {
+            crate::group::offsets_topic_config(&self.config)
+        } else {
+            self.config.topic_defaults.clone()
+        };
+        for (k, v) in &topic.config {
+            config.set(k, v).map_err(|source| TopicOpError::BadConfig { topic: name.to_string(), source })?;
+        }
+        Ok(TopicMeta { name: name.to_string(), partitions: topic.partitions.len() as u32, config })
+    }
+
+    /// Applies one snapshot (see the module docs). A topic whose partitions
+    /// cannot be opened is left out and tried again with the next snapshot.
+    pub(crate) async fn apply_cluster(self: &Rc<Self>, md: Arc<ClusterMetadata>) {
+        let me = self.config.broker_id;
+        let gone: Vec<String> =
+            self.topics.borrow().keys().filter(|n| !md.topics.contains_key(*n)).cloned().collect();
+        for name in gone {
+            match self.remove_topic(&name).await {
+                Ok(()) => tracing::info!(topic = %name, shard = %self.id, "topic deleted by the controller"),
+                Err(e) => {
+                    tracing::error!(topic = %name, error = %e, "cannot delete a deleted topic's partitions")
+                }
+            }
+        }
+        let mut opened_offsets = Vec::new();
+        for (name, topic) in &md.topics {
+            if self.topics.borrow().contains_key(name) {
+                continue;
+            }
+            let meta = match self.cluster_topic_meta(name, topic) {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::error!(topic = %name, error = %e, "topic has settings this broker refuses");
+                    continue;
+                }
+            };
+            let hosted: Vec<u32> = md.hosted(name, me).collect();
+            if let Err(e) = self.open_topic(meta, false, |p| hosted.contains(&p)).await {
+                tracing::error!(topic = %name, error = %e, "cannot open a topic's partitions; retried at the next change");
+                continue;
+            }
+            if name == OFFSETS_TOPIC {
+                opened_offsets = hosted.into_iter().filter(|p| self.partition(name, *p).is_some()).collect();
+            }
+        }
+        *self.cluster_md.borrow_mut() = Some(md);
+        for p in opened_offsets {
+            self.groups.load_partition(self, p).await;
+        }
+    }
+
+    /// Follows the published snapshots until the link closes.
+    pub(crate) async fn follow_cluster(self: Rc<Self>) {
+        let Some(mut rx) = self.cluster.as_ref().map(|l| l.metadata.clone()) else { return };
+        loop {
+            if rx.changed().await.is_err() {
+                return;
+            }
+            let md = rx.borrow_and_update().clone();
+            self.apply_cluster(md).await;
+        }
+    }
+
+    /// Applies the snapshot published now (start-up, before serving).
+    pub(crate) async fn apply_current_cluster(self: &Rc<Self>) {
+        let Some(md) = self.cluster.as_ref().map(|l| l.metadata.borrow().clone()) else { return };
+        self.apply_cluster(md).await;
+    }
+
+    /// Whether this broker serves `topic`/`partition` now: `None` when it
+    /// does (alone, a partition that exists; in a cluster, one it leads).
+    pub fn check_served(&self, topic: &str, partition: u32) -> Option<PartitionError> {
+        if let Some(e) = self.check_partition(topic, partition) {
+            return Some(e);
+        }
+        let md = self.cluster_md.borrow();
+        let md = md.as_ref()?;
+        let me = self.config.broker_id;
+        match md.route(topic, partition) {
+            Route::Leader { leader, .. } if leader == me => None,
+            Route::Leader { leader, broker, .. } => {
+                let at = broker.map(|b| format!(" at {}:{}", b.host, b.port)).unwrap_or_default();
+                Some(PartitionError::new(
+                    ErrorCode::NotLeaderOrFollower,
+                    format!("partition {topic}-{partition} is led by broker {leader}{at}, not by broker {me}: refresh metadata"),
+                ))
+            }
+            Route::Offline { replicas } => Some(PartitionError::new(
+                ErrorCode::LeaderNotAvailable,
+                format!(
+                    "partition {topic}-{partition} has no live leader: its replica on broker {replicas:?} is down"
+                ),
+            )),
+            Route::Unknown => Some(PartitionError::new(
+                ErrorCode::UnknownTopicOrPartition,
+                format!("partition {topic}-{partition} is not in the cluster metadata yet"),
+            )),
+        }
+    }
+
+    /// Cluster mode: hands a validated creation to the controller and waits
+    /// until this shard's table has the topic.
+    pub(super) async fn create_in_cluster(
+        &self,
+        link: &ClusterLink,
+        name: &str,
+        request: CreateTopicRequest,
+    ) -> Result<(), TopicOpError> {
+        let topic = name.to_string();
+        link.ask(|reply| ControlRequest::CreateTopic { name: topic, request, reply }, name).await?;
+        self.wait_local(name, true).await
+    }
+
+    /// Cluster mode: hands a deletion to the controller and waits until this
+    /// shard's table no longer has the topic.
+    pub(super) async fn delete_in_cluster(&self, link: &ClusterLink, name: &str) -> Result<(), TopicOpError> {
+        let topic = name.to_string();
+        link.ask(|reply| ControlRequest::DeleteTopic { name: topic, reply }, name).await?;
+        self.wait_local(name, false).await
+    }
+
+    /// Waits until the topic is (or is no longer) in this shard's table.
+    async fn wait_local(&self, name: &str, present: bool) -> Result<(), TopicOpError> {
+        let deadline = Instant::now() + LOCAL_APPLY_WAIT;
+        while self.topics.borrow().contains_key(name) != present {
+            if Instant::now() > deadline {
+                return Err(TopicOpError::ControllerTimeout {
+                    topic: name.to_string(),
+                    waited_ms: LOCAL_APPLY_WAIT.as_millis() as u64,
+                });
+            }
+            glommio::timer::sleep(Duration::from_millis(2)).await;
+        }
+        Ok(())
+    }
+
+    /// Cluster mode: asks for `__consumer_offsets` when the cluster has none
+    /// yet (the first group request does, as in Kafka); the caller answers
+    /// `CoordinatorNotAvailable` meanwhile and the client retries.
+    pub fn request_offsets_topic(&self) {
+        let Some(link) = self.cluster.clone() else { return };
+        if self.requested_offsets_topic.replace(true) {
+            return;
+        }
+        let request = CreateTopicRequest {
+            partitions: self.config.group.offsets_topic_partitions,
+            replication_factor: 1,
+            config: Default::default(),
+        };
+        let asking = self.requested_offsets_topic.clone();
+        glommio::spawn_local(async move {
+            let name = OFFSETS_TOPIC.to_string();
+            let asked = link.ask(|reply| ControlRequest::CreateTopic { name, request, reply }, OFFSETS_TOPIC).await;
+            match asked {
+                Ok(()) | Err(TopicOpError::AlreadyExists { .. }) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot create {OFFSETS_TOPIC}; the next group request asks again"),
+            }
+            asking.set(false);
+        })
+        .detach();
+    }
+}
