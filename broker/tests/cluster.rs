@@ -3,6 +3,8 @@
 //! brokers with one shard each, and raw controller operations for fencing.
 
 mod common;
+#[path = "wire_support/mod.rs"]
+mod wire_support;
 
 use common::zk::Ensemble;
 use shardlog_broker::cluster::controller::{self, ControllerError, PartitionState, Write};
@@ -275,4 +277,48 @@ fn the_controller_places_requested_topics_and_tracks_brokers_leaving_and_returni
     for (_, b) in brokers {
         b.shutdown().expect("shutdown");
     }
+}
+
+#[test]
+fn requests_for_partitions_led_elsewhere_or_offline_get_typed_errors() {
+    use shardlog_schema::types::shard_for;
+    use shardlog_schema::{ErrorCode, PartitionId};
+    let Some(zk) = Ensemble::start() else { return };
+    let connect = zk.connect_string();
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let b1 = start(d1.path(), 1, &connect).expect("broker 1");
+    let b2 = start(d2.path(), 2, &connect).expect("broker 2");
+    let port1 = b1.ready.shard_ports[0];
+    let mut conn = wire_support::Conn::open(port1);
+    // Created through broker 1, placed over both: partitions 0..4 alternate.
+    assert_eq!(conn.create_topic("routed", 4), ErrorCode::None);
+    assert_eq!(conn.create_topic("routed", 4), ErrorCode::TopicAlreadyExists);
+    let batch = wire_support::batch_of(&["x"]);
+    let led = |conn: &mut wire_support::Conn, p: u32| {
+        conn.send_produce(&[("routed", p, &batch)]);
+        conn.recv_produce_errors().swap_remove(0)
+    };
+    let mut elsewhere = None;
+    for p in 0..4 {
+        let (code, message) = led(&mut conn, p);
+        match code {
+            ErrorCode::None => {}
+            ErrorCode::NotLeaderOrFollower => {
+                assert!(message.contains("led by broker 2 at 127.0.0.1:"), "{message}");
+                elsewhere = Some(p);
+            }
+            other => panic!("partition {p}: {other:?} {message}"),
+        }
+    }
+    let p = elsewhere.expect("broker 2 leads some partition");
+    assert_eq!(shard_for("routed", PartitionId(p), 1).0, 0);
+    // Broker 2 leaves: its partitions are offline, typed and retriable.
+    b2.shutdown().expect("shutdown");
+    let (code, message) = wait_some("offline", Duration::from_secs(10), || {
+        Some(led(&mut conn, p)).filter(|(c, _)| *c != ErrorCode::NotLeaderOrFollower)
+    });
+    assert_eq!(code, ErrorCode::LeaderNotAvailable, "{message}");
+    assert!(message.contains("no live leader"), "{message}");
+    assert!(shardlog_schema::error::is_retriable(code));
+    b1.shutdown().expect("shutdown");
 }

@@ -244,6 +244,36 @@ fn three_brokers_place_route_and_serve_a_topic_created_anywhere() {
     let dead_first = format!("127.0.0.1:1,{bootstrap_list}");
     check_order(&consume_keyed(&rt, &dead_first, "orders", 12, u64::from(keys * per_key)), keys, per_key);
 
+    // A consumer group: the first group request has `__consumer_offsets`
+    // created through the controller; the coordinator is its partition's
+    // leader, whichever broker the consumer bootstraps from. Committed
+    // offsets hold across consumers bootstrapped at different brokers.
+    let half = keys * per_key / 2;
+    let group = |bootstrap: &str, n: u32| {
+        let n = n.to_string();
+        cli(&[
+            "consume",
+            "orders",
+            "--group",
+            "g1",
+            "--from-beginning",
+            "--max-messages",
+            &n,
+            "--bootstrap",
+            bootstrap,
+        ])
+    };
+    let first = group(&brokers[0].listen, half);
+    let second = group(&brokers[2].listen, keys * per_key - half);
+    let mut values: Vec<&str> = first.lines().chain(second.lines()).collect();
+    assert_eq!(values.len() as u32, keys * per_key);
+    values.sort_unstable();
+    values.dedup();
+    assert_eq!(values.len() as u32, keys * per_key, "each record once across the two consumers");
+    let d = admin(&rt, &brokers[1].listen);
+    let offsets = rt.block_on(d.describe_topic("__consumer_offsets")).expect("offsets topic");
+    assert_eq!(offsets.partitions.len(), 3);
+
     // Higher replication factors are refused clearly.
     let out = Command::new(BIN)
         .args(["topic", "create", "rf3", "--replication-factor", "3", "--bootstrap", &brokers[0].listen])

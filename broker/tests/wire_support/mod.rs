@@ -204,6 +204,14 @@ impl Conn {
             .collect()
     }
 
+    /// The next produce answer: (error, message) per part.
+    pub fn recv_produce_errors(&mut self) -> Vec<(ErrorCode, String)> {
+        let r = self.recv();
+        let f = r.frame();
+        let parts = f.body_as_produce_response().expect("body").partitions().expect("parts");
+        parts.iter().map(|p| (p.error(), p.error_message().unwrap_or("").to_string())).collect()
+    }
+
     pub fn fetch(
         &mut self,
         topic: &str,
