@@ -6,6 +6,7 @@
 //! shardlog-bench readme                    # regenerate the table in perf-reports/README.md
 //! shardlog-bench validate REPORT.json      # check a report (CI smoke run)
 //! shardlog-bench groups --out perf-reports # rebalance, commits/s, offsets compaction
+//! shardlog-bench cluster --out perf-reports # metadata propagation, controller failover, 3 brokers vs 1
 //! ```
 //!
 //! Module map, in the order a run uses them: `workload` (TOML) → `broker`
@@ -16,6 +17,7 @@
 //! `summary` (SVG, Markdown).
 
 mod broker;
+mod cluster;
 mod env;
 mod groups;
 mod hist;
@@ -53,6 +55,9 @@ enum Cmd {
     /// Consumer-group benchmarks: rebalance time, commits per second,
     /// compaction of the offsets topic.
     Groups(groups::GroupsArgs),
+    /// Cluster benchmarks (ZooKeeper): metadata propagation, controller
+    /// failover, produce throughput of 3 brokers against 1.
+    Cluster(cluster::ClusterArgs),
 }
 
 /// Options of `run`.
@@ -170,6 +175,7 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Readme(a) => update_readme(&a.out),
         Cmd::Groups(a) => groups::run(&a),
+        Cmd::Cluster(a) => cluster::run(&a),
         Cmd::Validate { report } => {
             let r = report::load_and_validate(&report)?;
             println!(

@@ -320,7 +320,7 @@ async fn session_loop(
             }
         }
         match serve_session(&client, &me, &mut control, &mut stop, &mut ready).await {
-            SessionEnd::Stop => return,
+            SessionEnd::Stop => return close_session(client).await,
             SessionEnd::Renew => {
                 if let Ok(mut v) = control.view.lock() {
                     v.controller = None;
@@ -333,6 +333,25 @@ async fn session_loop(
         }
     }
 }
+
+/// Closes the session, so that the ephemerals (registration, controller)
+/// go at once rather than at the session timeout. The crate sends
+/// CloseSession when the last handle drops, from a task of this runtime:
+/// wait (briefly) for it to report the session closed before the runtime
+/// goes.
+async fn close_session(client: zkc::Client) {
+    let mut states = client.state_watcher();
+    drop(client);
+    let closed = async {
+        while !matches!(states.changed().await, zkc::SessionState::Closed) {}
+    };
+    if tokio::time::timeout(CLOSE_WAIT, closed).await.is_err() {
+        tracing::warn!("ZooKeeper session not closed within {CLOSE_WAIT:?}; it ends at its timeout");
+    }
+}
+
+/// How long a stopping broker waits for its session to close.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// Connects, retrying every second while no ensemble member answers.
 async fn connect_retrying(config: &ClusterConfig) -> zkc::Client {
