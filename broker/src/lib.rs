@@ -259,6 +259,11 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
         shard_ports: shard_ports.clone(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         rack: config.cluster.as_ref().and_then(|c| c.rack.clone()),
+        kafka_ports: match (kafka_addr, config.kafka_advertise) {
+            (None, _) => Vec::new(),
+            (Some(_), config::KafkaAdvertise::PerShard) => kafka_ports.clone(),
+            (Some(shared), config::KafkaAdvertise::Shared) => vec![shared.port()],
+        },
     };
     // Registered before any shard starts: a duplicate id refuses to start.
     let membership: Box<dyn cluster::Membership> = match &config.cluster {

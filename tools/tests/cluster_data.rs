@@ -31,19 +31,29 @@ struct Node {
     child: Option<Child>,
     dir: tempfile::TempDir,
     listen: String,
+    /// The Kafka listener's address.
+    kafka: String,
     zookeeper: String,
 }
 
 impl Node {
     fn start(id: i32, zookeeper: &str) -> Node {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut node = Node { id, child: None, dir, listen: String::new(), zookeeper: zookeeper.to_string() };
+        let mut node = Node {
+            id,
+            child: None,
+            dir,
+            listen: String::new(),
+            kafka: String::new(),
+            zookeeper: zookeeper.to_string(),
+        };
         node.spawn();
         node
     }
 
     fn spawn(&mut self) {
-        let mut cmd = common::serve_command(self.dir.path(), 1, &["--offsets-topic-partitions", "3"]);
+        let extra = ["--offsets-topic-partitions", "3", "--kafka-listen", "127.0.0.1:0"];
+        let mut cmd = common::serve_command(self.dir.path(), 1, &extra);
         cmd.args(["--broker-id", &self.id.to_string(), "--zookeeper", &self.zookeeper])
             .args(["--advertised-host", "127.0.0.1"])
             .args(["--zookeeper-session-timeout-ms", &SESSION_MS.to_string()])
@@ -52,8 +62,10 @@ impl Node {
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("ready line");
         assert!(line.starts_with("shardlog ready: "), "broker {}: {line:?}", self.id);
-        self.listen =
-            line.split_whitespace().find_map(|w| w.strip_prefix("listen=")).expect("listen").to_string();
+        let field =
+            |name: &str| line.split_whitespace().find_map(|w| w.strip_prefix(name)).map(str::to_string);
+        self.listen = field("listen=").expect("listen");
+        self.kafka = field("kafka=").expect("kafka");
         self.child = Some(child);
     }
 
@@ -374,4 +386,46 @@ fn a_dead_brokers_partitions_go_offline_and_come_back_with_their_data() {
         .map(|b| b["leading"].as_i64().unwrap())
         .collect();
     assert_eq!(leading, vec![4, 4, 4, 4], "{status}");
+}
+
+#[test]
+fn kafka_clients_see_the_whole_cluster_through_any_broker() {
+    if !common::have("kcat", &["-V"]) {
+        return;
+    }
+    let Some(zk) = zk::Ensemble::start() else { return };
+    let connect = format!("{}/kafka", zk.connect_string());
+    let rt = rt();
+    let brokers: Vec<Node> = (1..=3).map(|id| Node::start(id, &connect)).collect();
+    rt.block_on(admin(&rt, &brokers[0].listen).create_topic("kt", 6, &[])).expect("create");
+    wait_for("servable", Duration::from_secs(10), || {
+        leaders(&rt, &brokers[2].listen, "kt").filter(|l| l.iter().all(|&x| x > 0))
+    });
+    // Metadata from one broker's Kafka listener names every broker's node.
+    let md: serde_json::Value =
+        serde_json::from_str(&common::kcat(&brokers[1].kafka, &["-L", "-J", "-t", "kt"], "")).expect("json");
+    let nodes: Vec<i64> =
+        md["brokers"].as_array().expect("brokers").iter().map(|b| b["id"].as_i64().unwrap()).collect();
+    assert_eq!(nodes, vec![1024, 2048, 3072], "{md}");
+    let leaders: Vec<i64> = md["topics"][0]["partitions"]
+        .as_array()
+        .expect("partitions")
+        .iter()
+        .map(|p| p["leader"].as_i64().unwrap())
+        .collect();
+    assert_eq!(leaders.iter().filter(|&&l| l == 2048).count(), 2, "{md}");
+    // Produced through broker 1's listener, consumed through broker 3's.
+    let input: String = (0..300).map(|i| format!("k{}:{i}\n", i % 10)).collect();
+    common::kcat(&brokers[0].kafka, &["-P", "-t", "kt", "-K", ":"], &input);
+    let out =
+        common::kcat(&brokers[2].kafka, &["-C", "-t", "kt", "-o", "beginning", "-e", "-f", "%k:%s\n"], "");
+    let mut by_key: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for line in out.lines() {
+        let (k, v) = line.split_once(':').expect("key:value");
+        by_key.entry(k.to_string()).or_default().push(v.parse().expect("number"));
+    }
+    assert_eq!(by_key.values().map(Vec::len).sum::<usize>(), 300, "{out}");
+    for (k, vs) in &by_key {
+        assert!(vs.windows(2).all(|w| w[0] < w[1]), "key {k} out of order: {vs:?}");
+    }
 }

@@ -6,31 +6,11 @@
 #[allow(dead_code, reason = "each test binary uses part of the shared helpers")]
 mod common;
 
-use common::{have, start_kafka as start, Broker};
+use common::{have, kcat, start_kafka as start, Broker};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
-
-/// Runs kcat with a deadline; its stdout.
-fn kcat(kafka: &str, args: &[&str], stdin: &str) -> String {
-    let mut child = Command::new("kcat")
-        .arg("-b")
-        .arg(kafka)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn kcat");
-    child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || tx.send(child.wait_with_output()));
-    let out = rx.recv_timeout(common::COMMAND_DEADLINE).expect("kcat finished in time").expect("kcat ran");
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "kcat {args:?} failed: {stderr}");
-    stdout.into_owned()
-}
 
 #[test]
 fn kcat_lists_every_shard_as_a_node_and_each_partition_s_owner_as_leader() {

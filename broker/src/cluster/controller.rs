@@ -323,6 +323,86 @@ pub async fn read_partition_state(
     Ok((state, stat.version))
 }
 
+/// Every topic's assignment and each partition's state with its znode
+/// version. The reads are pipelined (every request is sent before the first
+/// answer is awaited), so this costs about one round trip per pass, not one
+/// per znode. A topic deleted while it is read is left out.
+pub async fn read_all(client: &zkc::Client) -> Result<Vec<TopicState>, ControllerError> {
+    let names = match client.list_children(paths::TOPICS).await {
+        Ok(t) => t,
+        Err(zkc::Error::NoNode) => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let asked: Vec<_> = names
+        .into_iter()
+        .map(|n| {
+            let f = client.get_data(&paths::topic(&n));
+            (n, f)
+        })
+        .collect();
+    let mut assignments = Vec::with_capacity(asked.len());
+    for (name, answer) in asked {
+        let path = paths::topic(&name);
+        match answer.await {
+            Ok((data, _)) => {
+                let a: TopicAssignment =
+                    serde_json::from_slice(&data).map_err(|source| ControllerError::Json { path, source })?;
+                assignments.push((name, a));
+            }
+            Err(zkc::Error::NoNode) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let asked: Vec<_> = assignments
+        .into_iter()
+        .map(|(name, a)| {
+            let states: Vec<_> = (0..a.partitions.len() as u32)
+                .map(|p| client.get_data(&paths::partition_state(&name, p)))
+                .collect();
+            (name, a, states)
+        })
+        .collect();
+    let mut topics = Vec::with_capacity(asked.len());
+    'topics: for (name, assignment, answers) in asked {
+        let mut states = Vec::with_capacity(answers.len());
+        for (p, answer) in answers.into_iter().enumerate() {
+            match answer.await {
+                Ok((data, stat)) => {
+                    let path = paths::partition_state(&name, p as u32);
+                    let s = serde_json::from_slice(&data)
+                        .map_err(|source| ControllerError::Json { path, source })?;
+                    states.push((s, stat.version));
+                }
+                Err(zkc::Error::NoNode) => continue 'topics,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        topics.push(TopicState { name, assignment, states });
+    }
+    Ok(topics)
+}
+
+/// One topic as [`read_all`] reads it.
+#[derive(Debug, Clone)]
+pub struct TopicState {
+    pub name: String,
+    pub assignment: TopicAssignment,
+    /// Partition `p`'s state and znode version at index `p`.
+    pub states: Vec<(PartitionStateZnode, i32)>,
+}
+
+impl TopicState {
+    /// Partition `p`'s replicas.
+    #[must_use]
+    pub fn replicas(&self, p: u32) -> &[i32] {
+        self.assignment.partitions.get(&p.to_string()).map_or(&[], Vec::as_slice)
+    }
+}
+
+/// State changes per fenced multi-op in [`reconcile`] (ZooKeeper's request
+/// size limit, `jute.maxbuffer`, is 1 MiB; a state write is under 200 bytes).
+const RECONCILE_WRITES_PER_COMMIT: usize = 1000;
+
 /// Moves every partition of every topic to the state the live brokers give
 /// it ([`next_state`]), each write fenced and version-checked. Returns how
 /// many partitions changed.
@@ -332,24 +412,23 @@ pub async fn reconcile(
     live: &BTreeSet<i32>,
 ) -> Result<usize, ControllerError> {
     let mut changed = 0;
-    let topics = match client.list_children(paths::TOPICS).await {
-        Ok(t) => t,
-        Err(zkc::Error::NoNode) => return Ok(0),
-        Err(e) => return Err(e.into()),
-    };
-    for topic in topics {
-        let assignment = read_topic(client, &topic).await?;
-        for (p, replicas) in &assignment.partitions {
-            let Ok(p) = p.parse::<u32>() else { continue };
-            let (current, version) = read_partition_state(client, &topic, p).await?;
-            if let Some(next) = next_state(&current, replicas, live, epoch.epoch) {
-                let path = paths::partition_state(&topic, p);
+    let mut writes = Vec::new();
+    for topic in read_all(client).await? {
+        for (p, (current, version)) in topic.states.iter().enumerate() {
+            let p = p as u32;
+            if let Some(next) = next_state(current, topic.replicas(p), live, epoch.epoch) {
+                let path = paths::partition_state(&topic.name, p);
                 let data = json(&path, &next)?;
-                fenced_write(client, epoch, &[Write::Set { path, data, version }]).await?;
-                tracing::info!(%topic, partition = p, from = ?current.state, to = ?next.state, leader = next.leader, "partition state changed");
+                writes.push(Write::Set { path, data, version: *version });
+                tracing::info!(topic = %topic.name, partition = p, from = ?current.state, to = ?next.state, leader = next.leader, "partition state changed");
                 changed += 1;
             }
         }
+    }
+    // A few fenced multi-ops rather than one per partition: each is one
+    // quorum commit (and one fsync on every ensemble member).
+    for chunk in writes.chunks(RECONCILE_WRITES_PER_COMMIT) {
+        fenced_write(client, epoch, chunk).await?;
     }
     Ok(changed)
 }
@@ -502,13 +581,8 @@ async fn topic_deletion_writes(client: &zkc::Client, topic: &str) -> Result<Vec<
 /// How many partitions each broker leads now (for placement).
 pub async fn leader_counts(client: &zkc::Client) -> Result<BTreeMap<i32, usize>, ControllerError> {
     let mut counts = BTreeMap::new();
-    let topics = match client.list_children(paths::TOPICS).await {
-        Ok(t) => t,
-        Err(zkc::Error::NoNode) => return Ok(counts),
-        Err(e) => return Err(e.into()),
-    };
-    for topic in topics {
-        for replicas in read_topic(client, &topic).await?.partitions.values() {
+    for topic in read_all(client).await? {
+        for replicas in topic.assignment.partitions.values() {
             if let Some(first) = replicas.first() {
                 *counts.entry(*first).or_insert(0) += 1;
             }

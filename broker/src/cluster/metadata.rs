@@ -15,7 +15,6 @@
 //! a shard swaps its pointer, nothing is shared mutably.
 
 use super::controller::{self, ControllerError, PartitionState};
-use super::zk::paths;
 use super::{BrokerRegistration, ControllerInfo};
 use shardlog_schema::types::shard_for;
 use shardlog_schema::PartitionId;
@@ -99,40 +98,23 @@ impl ClusterMetadata {
 }
 
 /// Reads every topic's assignment and partition states (no watches: the
-/// caller holds a persistent recursive watch on `/shardlog/topics`). A topic
-/// deleted while it is being read is left out.
+/// caller holds a persistent recursive watch on `/shardlog/topics`; the
+/// reads are pipelined, `controller::read_all`).
 pub async fn read_topics(client: &zkc::Client) -> Result<BTreeMap<String, ClusterTopic>, ControllerError> {
     let mut topics = BTreeMap::new();
-    let names = match client.list_children(paths::TOPICS).await {
-        Ok(t) => t,
-        Err(zkc::Error::NoNode) => return Ok(topics),
-        Err(e) => return Err(e.into()),
-    };
-    'topics: for name in names {
-        let assignment = match controller::read_topic(client, &name).await {
-            Ok(a) => a,
-            Err(ControllerError::ZooKeeper(zkc::Error::NoNode)) => continue,
-            Err(e) => return Err(e),
-        };
-        let mut partitions = Vec::with_capacity(assignment.partitions.len());
-        for p in 0..assignment.partitions.len() as u32 {
-            let Some(replicas) = assignment.partitions.get(&p.to_string()) else {
-                tracing::warn!(topic = %name, partition = p, "topic assignment skips a partition; topic left out");
-                continue 'topics;
-            };
-            let info = match controller::read_partition_state(client, &name, p).await {
-                Ok((s, _)) => PartitionInfo {
-                    replicas: replicas.clone(),
-                    state: s.state,
-                    leader: s.leader,
-                    leader_epoch: s.leader_epoch,
-                },
-                Err(ControllerError::ZooKeeper(zkc::Error::NoNode)) => continue 'topics,
-                Err(e) => return Err(e),
-            };
-            partitions.push(info);
-        }
-        topics.insert(name, ClusterTopic { config: assignment.config, partitions });
+    for t in controller::read_all(client).await? {
+        let partitions = t
+            .states
+            .iter()
+            .enumerate()
+            .map(|(p, (s, _))| PartitionInfo {
+                replicas: t.replicas(p as u32).to_vec(),
+                state: s.state,
+                leader: s.leader,
+                leader_epoch: s.leader_epoch,
+            })
+            .collect();
+        topics.insert(t.name, ClusterTopic { config: t.assignment.config, partitions });
     }
     Ok(topics)
 }
@@ -150,6 +132,7 @@ mod tests {
             shard_ports: (0..shards as u16).map(|s| 9001 + s).collect(),
             version: "v".into(),
             rack: None,
+            kafka_ports: vec![],
         }
     }
 

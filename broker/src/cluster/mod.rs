@@ -68,6 +68,23 @@ pub struct BrokerRegistration {
     pub version: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rack: Option<String>,
+    /// The Kafka nodes this broker advertises (`--kafka-listen`): one port
+    /// per shard, or the one shared port (`--kafka-advertise shared`);
+    /// empty without a Kafka listener.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kafka_ports: Vec<u16>,
+}
+
+impl BrokerRegistration {
+    /// The Kafka node (id, port) serving what `shard` of this broker owns.
+    #[must_use]
+    pub fn kafka_node(&self, shard: u16) -> Option<(i32, u16)> {
+        match self.kafka_ports.as_slice() {
+            [] => None,
+            [shared] => Some((crate::kafka::node_id(self.id, 0), *shared)),
+            ports => ports.get(usize::from(shard)).map(|p| (crate::kafka::node_id(self.id, shard), *p)),
+        }
+    }
 }
 
 /// Who the controller is (`/shardlog/controller`, ephemeral).
@@ -165,6 +182,7 @@ mod tests {
             shard_ports: vec![2],
             version: "v".into(),
             rack: None,
+            kafka_ports: vec![],
         };
         let m: Box<dyn Membership> = Box::new(StaticMembership::new(me.clone()));
         assert_eq!(m.broker_id(), 7);

@@ -342,9 +342,7 @@ async fn session_loop(
 async fn close_session(client: zkc::Client) {
     let mut states = client.state_watcher();
     drop(client);
-    let closed = async {
-        while !matches!(states.changed().await, zkc::SessionState::Closed) {}
-    };
+    let closed = async { while !matches!(states.changed().await, zkc::SessionState::Closed) {} };
     if tokio::time::timeout(CLOSE_WAIT, closed).await.is_err() {
         tracing::warn!("ZooKeeper session not closed within {CLOSE_WAIT:?}; it ends at its timeout");
     }

@@ -4,6 +4,7 @@
 
 use super::records::{kafka_to_native, native_to_kafka};
 use super::{advertised_node, error_code, node_id, SUPPORTED};
+use crate::cluster::metadata::{ClusterMetadata, Route};
 use crate::dispatch::produce::{produce_one, ProduceOutcome};
 use crate::metrics::ApiClass;
 use crate::partition::PartitionError;
@@ -139,20 +140,58 @@ pub(super) fn unsupported_api_versions(correlation_id: i32) -> Vec<u8> {
 }
 
 /// Every Kafka node of this broker ([`advertised_node`]: one per shard, or
-/// the shared one).
-fn brokers(ctx: &ShardContext) -> Vec<metadata_response::MetadataResponseBroker> {
-    let mut nodes: Vec<(i32, u16)> = (0..ctx.shard_count).map(|shard| advertised_node(ctx, shard)).collect();
+/// the shared one); in a cluster, of every broker with a Kafka listener.
+fn brokers(
+    ctx: &ShardContext,
+    cluster: Option<&ClusterMetadata>,
+) -> Vec<metadata_response::MetadataResponseBroker> {
+    let mut nodes: Vec<(i32, String, u16)> = match cluster {
+        None => (0..ctx.shard_count)
+            .map(|shard| {
+                let (node, port) = advertised_node(ctx, shard);
+                (node, ctx.endpoints.host.clone(), port)
+            })
+            .collect(),
+        Some(md) => md
+            .brokers
+            .values()
+            .flat_map(|b| {
+                (0..b.shards as u16)
+                    .filter_map(|shard| b.kafka_node(shard).map(|(n, p)| (n, b.host.clone(), p)))
+            })
+            .collect(),
+    };
     nodes.dedup();
     nodes
         .into_iter()
-        .map(|(node, port)| {
+        .map(|(node, host, port)| {
             let mut b = metadata_response::MetadataResponseBroker::default();
             b.node_id = BrokerId(node);
-            b.host = s(&ctx.endpoints.host);
+            b.host = s(&host);
             b.port = i32::from(port);
             b
         })
         .collect()
+}
+
+/// A partition's leader node and epoch for Kafka clients: `None` when it has
+/// no live leader with a Kafka listener.
+fn kafka_leader(
+    ctx: &ShardContext,
+    cluster: Option<&ClusterMetadata>,
+    topic: &str,
+    p: u32,
+) -> Option<(i32, i32)> {
+    let Some(md) = cluster else {
+        return Some((advertised_node(ctx, ctx.owner(topic, p).0).0, 0));
+    };
+    match md.route(topic, p) {
+        Route::Leader { leader_epoch, broker: Some(b), .. } => {
+            let (shard, _) = ClusterMetadata::leader_endpoint(b, topic, p);
+            b.kafka_node(shard).map(|(node, _)| (node, leader_epoch))
+        }
+        _ => None,
+    }
 }
 
 fn metadata(ctx: &Rc<ShardContext>, req: MetadataRequest, version: i16) -> Answer {
@@ -164,15 +203,21 @@ fn metadata(ctx: &Rc<ShardContext>, req: MetadataRequest, version: i16) -> Answe
         }
         _ => topics.keys().filter(|t| t.as_str() != OFFSETS_TOPIC).cloned().collect(),
     };
+    let cluster = ctx.cluster_metadata();
+    let cluster = cluster.as_deref();
     let mut r = MetadataResponse::default();
-    r.brokers = brokers(ctx);
+    r.brokers = brokers(ctx, cluster);
     // Fields a version does not have must keep their defaults (the encoder
     // refuses them).
     if version >= 2 {
         r.cluster_id = Some(s("shardlog"));
     }
     if version >= 1 {
-        r.controller_id = BrokerId(node_id(ctx.config.broker_id, 0));
+        let controller = match cluster {
+            None => Some(ctx.config.broker_id),
+            Some(md) => md.controller.map(|c| c.broker_id),
+        };
+        r.controller_id = BrokerId(controller.map_or(-1, |id| node_id(id, 0)));
     }
     for topic in wanted {
         let mut t = metadata_response::MetadataResponseTopic::default();
@@ -183,15 +228,23 @@ fn metadata(ctx: &Rc<ShardContext>, req: MetadataRequest, version: i16) -> Answe
             Some(meta) => {
                 t.partitions = (0..meta.partitions)
                     .map(|p| {
-                        let leader = BrokerId(advertised_node(ctx, ctx.owner(&topic, p).0).0);
                         let mut part = metadata_response::MetadataResponsePartition::default();
                         part.partition_index = p as i32;
-                        part.leader_id = leader;
-                        if version >= 7 {
-                            part.leader_epoch = 0;
+                        match kafka_leader(ctx, cluster, &topic, p) {
+                            Some((node, epoch)) => {
+                                let leader = BrokerId(node);
+                                part.leader_id = leader;
+                                if version >= 7 {
+                                    part.leader_epoch = epoch;
+                                }
+                                part.replica_nodes = vec![leader];
+                                part.isr_nodes = vec![leader];
+                            }
+                            None => {
+                                part.error_code = error_code(ErrorCode::LeaderNotAvailable);
+                                part.leader_id = BrokerId(-1);
+                            }
                         }
-                        part.replica_nodes = vec![leader];
-                        part.isr_nodes = vec![leader];
                         part
                     })
                     .collect();

@@ -38,22 +38,21 @@ fn unexpected(r: &GroupResponse) -> GroupError {
 
 pub(super) fn find_coordinator(ctx: &ShardContext, req: FindCoordinatorRequest, version: i16) -> Answer {
     let mut r = FindCoordinatorResponse::default();
-    let locate = |key: &str| -> Result<(i32, i32), GroupError> {
+    let locate = |key: &str| -> Result<(i32, String, i32), GroupError> {
         if req.key_type != 0 {
             return Err(GroupError::new(ErrorCode::InvalidRequest, "only group coordinators (key type 0)"));
         }
-        let (_, shard) = group::coordinator_of(ctx, key)?;
-        let (node, port) = super::advertised_node(ctx, shard.0);
-        Ok((node, i32::from(port)))
+        let (node, host, port) = super::coordinator_node(ctx, key)?;
+        Ok((node, host, i32::from(port)))
     };
     if version >= 4 {
         for key in &req.coordinator_keys {
             let mut c = find_coordinator_response::Coordinator::default();
             c.key = key.clone();
             match locate(key) {
-                Ok((node, port)) => {
+                Ok((node, host, port)) => {
                     c.node_id = BrokerId(node);
-                    c.host = s(&ctx.endpoints.host);
+                    c.host = s(&host);
                     c.port = port;
                 }
                 Err(e) => {
@@ -67,9 +66,9 @@ pub(super) fn find_coordinator(ctx: &ShardContext, req: FindCoordinatorRequest, 
         }
     } else {
         match locate(&req.key) {
-            Ok((node, port)) => {
+            Ok((node, host, port)) => {
                 r.node_id = BrokerId(node);
-                r.host = s(&ctx.endpoints.host);
+                r.host = s(&host);
                 r.port = port;
             }
             Err(e) => {

@@ -64,6 +64,29 @@ pub(crate) fn advertised_node(ctx: &ShardContext, shard: u16) -> (i32, u16) {
     }
 }
 
+/// The Kafka node (id, host, port) coordinating `group`: this broker's node
+/// for the coordinating shard, or in a cluster the node of the offsets
+/// partition's leader (from its registration).
+pub(crate) fn coordinator_node(
+    ctx: &ShardContext,
+    group: &str,
+) -> Result<(i32, String, u16), crate::group::api::GroupError> {
+    let c = crate::group::locate_coordinator(ctx, group)?;
+    let Some(md) = ctx.cluster_metadata() else {
+        let (node, port) = advertised_node(ctx, c.shard);
+        return Ok((node, ctx.endpoints.host.clone(), port));
+    };
+    md.brokers
+        .get(&c.broker_id)
+        .and_then(|b| b.kafka_node(c.shard).map(|(node, port)| (node, b.host.clone(), port)))
+        .ok_or_else(|| {
+            crate::group::api::GroupError::new(
+                ErrorCode::CoordinatorNotAvailable,
+                format!("broker {} coordinates group `{group}` but has no Kafka listener", c.broker_id),
+            )
+        })
+}
+
 /// The APIs and version ranges the listener answers (ApiVersions lists them).
 pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Produce, 3, 9),

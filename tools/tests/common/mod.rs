@@ -253,3 +253,23 @@ pub fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Runs kcat with a deadline; its stdout.
+pub fn kcat(kafka: &str, args: &[&str], stdin: &str) -> String {
+    let mut child = Command::new("kcat")
+        .arg("-b")
+        .arg(kafka)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn kcat");
+    child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    let out = rx.recv_timeout(COMMAND_DEADLINE).expect("kcat finished in time").expect("kcat ran");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "kcat {args:?} failed: {stderr}");
+    stdout.into_owned()
+}
