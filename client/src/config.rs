@@ -98,6 +98,10 @@ pub struct ProducerConfig {
     /// fails. A retried batch may land after batches of its partition sent
     /// later (see the producer's module docs on order).
     pub retries: u32,
+    /// Kafka's `delivery.timeout.ms`: no retry starts later than this after
+    /// a batch was sealed (with `retries` set high, this is what bounds
+    /// them: a partition whose broker restarts within it loses nothing).
+    pub delivery_timeout_ms: u64,
     /// `None`: the default partitioner (FNV-1a key hash; sticky for keyless records).
     pub partitioner: Option<Arc<dyn Partitioner>>,
     /// Largest single produce request payload (several batches coalesce into one request).
@@ -114,6 +118,8 @@ pub const LINGER_MS_DEFAULT: u64 = 5;
 pub const BATCH_BYTES_DEFAULT: usize = 1 << 20;
 pub const BUFFER_BYTES_MAX_DEFAULT: usize = 64 << 20;
 pub const RETRIES_DEFAULT: u32 = 5;
+/// Kafka's default `delivery.timeout.ms`.
+pub const DELIVERY_TIMEOUT_MS_DEFAULT: u64 = 120_000;
 pub const REQUEST_BYTES_MAX_DEFAULT: usize = 8 << 20;
 
 impl Default for ProducerConfig {
@@ -126,6 +132,7 @@ impl Default for ProducerConfig {
             buffer_bytes_max: BUFFER_BYTES_MAX_DEFAULT,
             max_in_flight: MAX_IN_FLIGHT_DEFAULT,
             retries: RETRIES_DEFAULT,
+            delivery_timeout_ms: DELIVERY_TIMEOUT_MS_DEFAULT,
             partitioner: None,
             request_bytes_max: REQUEST_BYTES_MAX_DEFAULT,
             enable_idempotence: false,
@@ -143,6 +150,7 @@ impl std::fmt::Debug for ProducerConfig {
             .field("buffer_bytes_max", &self.buffer_bytes_max)
             .field("max_in_flight", &self.max_in_flight)
             .field("retries", &self.retries)
+            .field("delivery_timeout_ms", &self.delivery_timeout_ms)
             .field("partitioner", &self.partitioner.as_ref().map(|_| "custom"))
             .field("request_bytes_max", &self.request_bytes_max)
             .field("enable_idempotence", &self.enable_idempotence)

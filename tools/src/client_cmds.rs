@@ -166,6 +166,7 @@ pub async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
         buffer_bytes_max: p.buffer_bytes_max.unwrap_or(defaults.buffer_bytes_max),
         max_in_flight: p.max_in_flight.unwrap_or(defaults.max_in_flight),
         retries: p.retries.unwrap_or(defaults.retries),
+        delivery_timeout_ms: p.delivery_timeout_ms.unwrap_or(defaults.delivery_timeout_ms),
         enable_idempotence: args.enable_idempotence
             || p.enable_idempotence.unwrap_or(defaults.enable_idempotence),
         ..defaults

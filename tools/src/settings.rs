@@ -100,6 +100,7 @@ pub struct ProducerSettings {
     pub buffer_bytes_max: Option<usize>,
     pub max_in_flight: Option<usize>,
     pub retries: Option<u32>,
+    pub delivery_timeout_ms: Option<u64>,
     pub enable_idempotence: Option<bool>,
 }
 

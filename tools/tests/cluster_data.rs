@@ -429,3 +429,49 @@ fn kafka_clients_see_the_whole_cluster_through_any_broker() {
         assert!(vs.windows(2).all(|w| w[0] < w[1]), "key {k} out of order: {vs:?}");
     }
 }
+
+#[test]
+fn a_producer_rides_out_a_broker_restart_within_its_delivery_timeout() {
+    let Some(zk) = zk::Ensemble::start() else { return };
+    let connect = format!("{}/restart", zk.connect_string());
+    let rt = rt();
+    let mut brokers: Vec<Node> = (1..=3).map(|id| Node::start(id, &connect)).collect();
+    rt.block_on(admin(&rt, &brokers[0].listen).create_topic("steady", 6, &[])).expect("create");
+    wait_for("servable", Duration::from_secs(10), || {
+        leaders(&rt, &brokers[0].listen, "steady").filter(|l| l.iter().all(|&x| x > 0))
+    });
+    let (keys, per_key) = (12u32, 400u32);
+    let bootstrap = brokers[0].listen.clone();
+    let producing = rt.spawn(async move {
+        let producer = Producer::new(ProducerConfig {
+            client: ClientConfig { retry_backoff_ms: 100, ..ClientConfig::new(&bootstrap) },
+            retries: u32::MAX,
+            delivery_timeout_ms: 30_000,
+            // Retries of batches that landed before the kill are stored once.
+            enable_idempotence: true,
+            ..Default::default()
+        })
+        .await
+        .expect("producer");
+        let mut deliveries = Vec::new();
+        for seq in 0..per_key {
+            for k in 0..keys {
+                let rec = ProducerRecord::new("steady", format!("k{k}:{seq}")).with_key(format!("k{k}"));
+                deliveries.push(producer.send(rec).await.expect("enqueue"));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        for d in deliveries {
+            d.await.expect("acknowledged within the delivery timeout");
+        }
+        producer.close().await.expect("close");
+    });
+    // Broker 3 dies mid-stream and comes back on its data 3 s later.
+    std::thread::sleep(Duration::from_millis(500));
+    brokers[2].kill();
+    std::thread::sleep(Duration::from_secs(3));
+    brokers[2].spawn();
+    rt.block_on(producing).expect("producer task");
+    let total = u64::from(keys * per_key);
+    check_order(&consume_keyed(&rt, &brokers[1].listen, "steady", 6, total), keys, per_key);
+}

@@ -369,6 +369,7 @@ impl Core {
             completion: batch.completion,
             buffer_bytes: batch.buffer_bytes,
             attempts: 0,
+            sealed_at: std::time::Instant::now(),
         };
         state.outstanding.insert(sealed.id);
         match self.ctx.cluster.metadata().leader_addr(topic, partition) {

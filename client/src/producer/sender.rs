@@ -24,6 +24,7 @@ pub(crate) struct SenderCtx {
     acks: i8,
     timeout_ms: u32,
     retries: u32,
+    delivery_timeout: Duration,
     backoff: Duration,
     pub request_bytes_max: usize,
     /// Batches carry a producer id and sequences: the broker stores a
@@ -44,6 +45,7 @@ impl SenderCtx {
             acks: config.acks.wire(),
             timeout_ms: u32::try_from(config.client.request_timeout_ms).unwrap_or(u32::MAX),
             retries: config.retries,
+            delivery_timeout: Duration::from_millis(config.delivery_timeout_ms),
             backoff: Duration::from_millis(config.client.retry_backoff_ms),
             request_bytes_max: config.request_bytes_max.max(1),
             buffer,
@@ -76,6 +78,8 @@ pub(crate) struct SealedBatch {
     pub completion: Completion,
     pub buffer_bytes: usize,
     pub attempts: u32,
+    /// When the batch was sealed: retries stop `delivery_timeout` after.
+    pub sealed_at: std::time::Instant,
 }
 
 impl SealedBatch {
@@ -235,13 +239,14 @@ async fn complete(core: Arc<Core>, response: ResponseFuture, entries: Vec<Entry>
 }
 
 /// Retries batches one by one (in order) after a backoff and a metadata
-/// refresh, up to `retries` attempts each.
+/// refresh, up to `retries` attempts each and no later than
+/// `delivery_timeout` after the batch was sealed.
 pub(crate) async fn retry_batches(core: Arc<Core>, batches: Vec<SealedBatch>, err: Option<ClientError>) {
     let ctx = &core.ctx;
     for mut b in batches {
         let mut last = err.clone();
         loop {
-            if b.attempts >= ctx.retries {
+            if b.attempts >= ctx.retries || b.sealed_at.elapsed() >= ctx.delivery_timeout {
                 let e = last.take().unwrap_or(ClientError::Protocol("batch could not be sent".into()));
                 b.finish(&core, Err(e));
                 break;
