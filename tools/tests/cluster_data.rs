@@ -311,6 +311,14 @@ fn a_dead_brokers_partitions_go_offline_and_come_back_with_their_data() {
     let rt = rt();
     let mut brokers: Vec<Node> = (1..=3).map(|id| Node::start(id, &connect)).collect();
     rt.block_on(admin(&rt, &brokers[0].listen).create_topic("events", 6, &[])).expect("create");
+    // CreateTopics answers once the broker asked has the topic; the leaders
+    // on other brokers follow within milliseconds. A plain (not idempotent)
+    // producer that meets that window retries its first batches, which may
+    // then land after later ones: wait until every leader serves (describe
+    // asks each one).
+    wait_for("servable", Duration::from_secs(10), || {
+        leaders(&rt, &brokers[0].listen, "events").filter(|l| l.iter().all(|&x| x > 0))
+    });
     let (keys, per_key) = (12, 100);
     produce_keyed(&rt, &brokers[0].listen, "events", keys, per_key, 0);
 
