@@ -99,17 +99,12 @@ async fn create(
     request: &CreateTopicRequest,
     deadline: Instant,
 ) -> Result<(), TopicOpError> {
-    let err = zk_error(topic);
-    let exists = client.check_stat(&paths::topic(topic)).await.map_err(|e| err(e.into()))?;
-    if exists.is_some() {
+    if topic_exists(client, topic).await? {
         return Err(TopicOpError::AlreadyExists { topic: topic.to_string() });
     }
-    controller::request_topic(client, topic, request).await.map_err(&err)?;
-    wait_gone(client, &paths::create_topic_request(topic), deadline)
-        .await
-        .map_err(&err)?
-        .ok_or_else(|| timed_out(topic))?;
-    if client.check_stat(&paths::topic(topic)).await.map_err(|e| err(e.into()))?.is_none() {
+    controller::request_topic(client, topic, request).await.map_err(zk_error(topic))?;
+    answered(client, &paths::create_topic_request(topic), topic, deadline).await?;
+    if !topic_exists(client, topic).await? {
         return Err(TopicOpError::Refused {
             topic: topic.to_string(),
             reason: "the topic was not created (the controller's log says why)".into(),
@@ -127,19 +122,31 @@ async fn delete(
     topic: &str,
     deadline: Instant,
 ) -> Result<(), TopicOpError> {
-    let err = zk_error(topic);
-    let exists = client.check_stat(&paths::topic(topic)).await.map_err(|e| err(e.into()))?;
-    if exists.is_none() {
+    if !topic_exists(client, topic).await? {
         return Err(TopicOpError::Unknown { topic: topic.to_string() });
     }
-    controller::request_topic_deletion(client, topic).await.map_err(&err)?;
-    wait_gone(client, &paths::delete_topic_request(topic), deadline)
-        .await
-        .map_err(&err)?
-        .ok_or_else(|| timed_out(topic))?;
+    controller::request_topic_deletion(client, topic).await.map_err(zk_error(topic))?;
+    answered(client, &paths::delete_topic_request(topic), topic, deadline).await?;
     wait_metadata(metadata, |md| !md.topics.contains_key(topic), deadline)
         .await
         .ok_or_else(|| timed_out(topic))
+}
+
+/// Whether `/shardlog/topics/<topic>` exists.
+async fn topic_exists(client: &zkc::Client, topic: &str) -> Result<bool, TopicOpError> {
+    let stat = client.check_stat(&paths::topic(topic)).await.map_err(|e| zk_error(topic)(e.into()))?;
+    Ok(stat.is_some())
+}
+
+/// Waits until the controller answered the request znode `path` (it is
+/// gone); `ControllerTimeout` at the deadline.
+async fn answered(
+    client: &zkc::Client,
+    path: &str,
+    topic: &str,
+    deadline: Instant,
+) -> Result<(), TopicOpError> {
+    wait_gone(client, path, deadline).await.map_err(zk_error(topic))?.ok_or_else(|| timed_out(topic))
 }
 
 /// Waits until `path` does not exist; `Ok(None)` at the deadline.
