@@ -101,6 +101,17 @@ async fn admin_quiet(bootstrap: &str) -> Option<Admin> {
     Admin::connect(ClientConfig::new(bootstrap)).await.ok()
 }
 
+/// Creates `topic` through `via` and waits until `check` describes every
+/// partition with a live leader (describe asks each leader, so every leader
+/// then serves it).
+fn create_servable(rt: &tokio::runtime::Runtime, via: &str, check: &str, topic: &str, partitions: u32) {
+    rt.block_on(admin(rt, via).create_topic(topic, partitions, &[]))
+        .unwrap_or_else(|e| panic!("create {topic}: {e}"));
+    wait_for("servable", Duration::from_secs(10), || {
+        leaders(rt, check, topic).filter(|l| l.len() == partitions as usize && l.iter().all(|&x| x > 0))
+    });
+}
+
 fn cli(args: &[&str]) -> String {
     let out = Command::new(BIN).args(args).output().expect("run");
     assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -310,15 +321,12 @@ fn a_dead_brokers_partitions_go_offline_and_come_back_with_their_data() {
     let connect = format!("{}/faults", zk.connect_string());
     let rt = rt();
     let mut brokers: Vec<Node> = (1..=3).map(|id| Node::start(id, &connect)).collect();
-    rt.block_on(admin(&rt, &brokers[0].listen).create_topic("events", 6, &[])).expect("create");
     // CreateTopics answers once the broker asked has the topic; the leaders
     // on other brokers follow within milliseconds. A plain (not idempotent)
     // producer that meets that window retries its first batches, which may
     // then land after later ones: wait until every leader serves (describe
     // asks each one).
-    wait_for("servable", Duration::from_secs(10), || {
-        leaders(&rt, &brokers[0].listen, "events").filter(|l| l.iter().all(|&x| x > 0))
-    });
+    create_servable(&rt, &brokers[0].listen, &brokers[0].listen, "events", 6);
     let (keys, per_key) = (12, 100);
     produce_keyed(&rt, &brokers[0].listen, "events", keys, per_key, 0);
 
@@ -352,11 +360,7 @@ fn a_dead_brokers_partitions_go_offline_and_come_back_with_their_data() {
 
     // One ZooKeeper node of three lost: the cluster keeps serving.
     zk.kill(0);
-    rt.block_on(admin(&rt, &brokers[1].listen).create_topic("after-zk-loss", 2, &[]))
-        .expect("create with 2 of 3 ZooKeeper nodes");
-    wait_for("servable", Duration::from_secs(10), || {
-        leaders(&rt, &brokers[0].listen, "after-zk-loss").filter(|l| l.iter().all(|&x| x > 0))
-    });
+    create_servable(&rt, &brokers[1].listen, &brokers[0].listen, "after-zk-loss", 2);
     produce_keyed(&rt, &brokers[0].listen, "after-zk-loss", 2, 10, 0);
     check_order(&consume_keyed(&rt, &brokers[1].listen, "after-zk-loss", 2, 20), 2, 10);
 
@@ -405,10 +409,7 @@ fn kafka_clients_see_the_whole_cluster_through_any_broker() {
     let connect = format!("{}/kafka", zk.connect_string());
     let rt = rt();
     let brokers: Vec<Node> = (1..=3).map(|id| Node::start(id, &connect)).collect();
-    rt.block_on(admin(&rt, &brokers[0].listen).create_topic("kt", 6, &[])).expect("create");
-    wait_for("servable", Duration::from_secs(10), || {
-        leaders(&rt, &brokers[2].listen, "kt").filter(|l| l.iter().all(|&x| x > 0))
-    });
+    create_servable(&rt, &brokers[0].listen, &brokers[2].listen, "kt", 6);
     // Metadata from one broker's Kafka listener names every broker's node.
     let md: serde_json::Value =
         serde_json::from_str(&common::kcat(&brokers[1].kafka, &["-L", "-J", "-t", "kt"], "")).expect("json");
@@ -444,10 +445,7 @@ fn a_producer_rides_out_a_broker_restart_within_its_delivery_timeout() {
     let connect = format!("{}/restart", zk.connect_string());
     let rt = rt();
     let mut brokers: Vec<Node> = (1..=3).map(|id| Node::start(id, &connect)).collect();
-    rt.block_on(admin(&rt, &brokers[0].listen).create_topic("steady", 6, &[])).expect("create");
-    wait_for("servable", Duration::from_secs(10), || {
-        leaders(&rt, &brokers[0].listen, "steady").filter(|l| l.iter().all(|&x| x > 0))
-    });
+    create_servable(&rt, &brokers[0].listen, &brokers[0].listen, "steady", 6);
     let (keys, per_key) = (12u32, 400u32);
     let bootstrap = brokers[0].listen.clone();
     let producing = rt.spawn(async move {
