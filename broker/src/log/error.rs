@@ -60,6 +60,9 @@ pub enum LogError {
     /// `truncate_to` was given an offset inside a batch.
     #[error("offset {offset} is not a batch boundary in {}", dir.display())]
     NotBatchBoundary { dir: PathBuf, offset: Offset },
+    /// A follower's batches do not continue its log (`append_replica`).
+    #[error("replica append starts at offset {got}, the log ends at {expected}")]
+    ReplicaOffsetMismatch { expected: Offset, got: Offset },
     /// An idempotent producer's batch was refused by its sequence check.
     #[error("{0}")]
     Sequence(#[from] super::producers::SeqError),
@@ -80,7 +83,9 @@ impl LogError {
             }
             LogError::InvalidBatch(_) => ErrorCode::CorruptMessage,
             LogError::BatchTooLarge { .. } => ErrorCode::MessageTooLarge,
-            LogError::NotBatchBoundary { .. } => ErrorCode::InvalidRequest,
+            LogError::NotBatchBoundary { .. } | LogError::ReplicaOffsetMismatch { .. } => {
+                ErrorCode::InvalidRequest
+            }
             LogError::TooManyOpenFiles { .. } => ErrorCode::ResourceLimit,
             LogError::Sequence(e) => match e {
                 SeqError::OutOfOrder { .. } => ErrorCode::OutOfOrderSequence,
@@ -144,6 +149,9 @@ impl LogError {
                 LogError::NotBatchBoundary { dir: dir.clone(), offset: *offset }
             }
             LogError::Corrupt { path, what } => LogError::Corrupt { path: path.clone(), what: what.clone() },
+            LogError::ReplicaOffsetMismatch { expected, got } => {
+                LogError::ReplicaOffsetMismatch { expected: *expected, got: *got }
+            }
         }
     }
 

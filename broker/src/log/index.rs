@@ -336,7 +336,9 @@ pub fn scan_step(
         }
     };
     if let Some(limit) = stop_at_offset {
-        if header.base_offset >= limit {
+        // Only batches that end at or before the limit: a batch holding it
+        // stops the scan too (a follower's truncation drops it whole).
+        if header.base_offset >= limit || header.checked_next_offset().is_none_or(|n| n > limit) {
             scan.stop = ScanStop::Limit;
             return false;
         }

@@ -64,6 +64,7 @@
 mod admit;
 mod compact;
 pub mod dump;
+mod epochs;
 mod error;
 mod files;
 mod hot;
@@ -73,6 +74,7 @@ pub mod producers;
 mod segment;
 
 pub use compact::CompactOutcome;
+pub use epochs::LeaderEpochs;
 pub use error::LogError;
 pub use files::{
     process_files_limit, shard_files_max, FileBudget, OPEN_FILES_RESERVE_FRACTION, OPEN_FILES_RESERVE_MIN,
@@ -268,6 +270,8 @@ struct Shared {
     /// at `write_tick` while it is open.
     files: Rc<FileBudget>,
     write_tick: Cell<Option<u64>>,
+    /// A leader-epoch checkpoint write is in progress (`epochs`).
+    epochs_writing: Cell<bool>,
 }
 
 type AppendSlot = Slot<Result<(), LogError>>;
@@ -316,6 +320,8 @@ struct State {
     open_readers: VecDeque<(u64, bool)>,
     /// Idempotent producers' sequence windows (`idempotence`).
     producers: producers::ProducerStates,
+    /// The leader-epoch history (`epochs`).
+    epochs: LeaderEpochs,
 }
 
 /// Metadata of a batch copied into the fill buffer but not yet written.
@@ -462,12 +468,32 @@ impl Log {
         batches: &'a [u8],
         leader_epoch: i32,
     ) -> impl std::future::Future<Output = Result<AppendInfo, LogError>> + 'a {
+        self.append_as(batches, Stamp::Leader(leader_epoch))
+    }
+
+    /// A follower's append: the leader's batches unchanged (their offsets,
+    /// leader epochs and bytes), which must start at this log's end and be
+    /// contiguous ([`LogError::ReplicaOffsetMismatch`] otherwise). Idempotent
+    /// producers' sequences are recorded (not checked: the leader did), so
+    /// a follower that becomes leader knows them.
+    pub fn append_replica<'a>(
+        &'a self,
+        batches: &'a [u8],
+    ) -> impl std::future::Future<Output = Result<AppendInfo, LogError>> + 'a {
+        self.append_as(batches, Stamp::Replica)
+    }
+
+    fn append_as<'a>(
+        &'a self,
+        batches: &'a [u8],
+        stamp: Stamp,
+    ) -> impl std::future::Future<Output = Result<AppendInfo, LogError>> + 'a {
         let checked = self.check_append(batches);
         let ticket = checked.is_ok().then(|| Ticket::take(&self.sh));
         async move {
             let headers = checked?;
             let ticket = ticket.expect("a ticket is taken for every valid append");
-            self.append_in_turn(batches, &headers, leader_epoch, ticket).await
+            self.append_in_turn(batches, &headers, stamp, ticket).await
         }
     }
 
@@ -482,7 +508,7 @@ impl Log {
         &self,
         batches: &[u8],
         headers: &[BatchHeader],
-        leader_epoch: i32,
+        stamp: Stamp,
         ticket: Ticket<'_>,
     ) -> Result<AppendInfo, LogError> {
         let sh = &self.sh;
@@ -492,6 +518,7 @@ impl Log {
             let listen = sh.changed.listen();
             let mut start_roll = false;
             let mut duplicate = None;
+            let mut new_epoch = false;
             let slot_and_info = {
                 let mut st = sh.st.borrow_mut();
                 st.check_writable(&sh.dir)?;
@@ -518,15 +545,31 @@ impl Log {
                     && st.active.end_pos > st.active.written_pos
                 {
                     None // back-pressure: wait for the write in flight
+                } else if stamp == Stamp::Replica {
+                    check_replica_offsets(headers, st.active.next_offset)?;
+                    let (slot, info) = st.enqueue(batches, headers, stamp, durable);
+                    st.record_sequences(headers, info.base_offset.0);
+                    new_epoch = st.note_epochs(headers, stamp, info.base_offset.0);
+                    Some((slot, info))
                 } else if let Some(dup) = st.check_sequences(headers)? {
                     duplicate = Some(dup);
                     None
                 } else {
-                    let (slot, info) = st.enqueue(batches, headers, leader_epoch, durable);
+                    let (slot, info) = st.enqueue(batches, headers, stamp, durable);
                     st.record_sequences(headers, info.base_offset.0);
+                    new_epoch = st.note_epochs(headers, stamp, info.base_offset.0);
                     Some((slot, info))
                 }
             };
+            if new_epoch {
+                let sh = sh.clone();
+                glommio::spawn_local(async move {
+                    if let Err(e) = epochs::write_checkpoint(&sh).await {
+                        tracing::warn!(dir = %sh.dir.display(), error = %e, "cannot write the leader-epoch checkpoint");
+                    }
+                })
+                .detach();
+            }
             if let Some(dup) = duplicate {
                 drop(ticket);
                 return self.answer_duplicate(dup).await;
@@ -620,8 +663,78 @@ impl Log {
 
     /// Drops every batch at or after `offset` (a batch boundary).
     pub async fn truncate_to(&self, offset: Offset) -> Result<(), LogError> {
-        recovery::truncate_to(&self.sh, offset.0).await
+        recovery::truncate_to(&self.sh, offset.0, true).await.map(|_| ())
     }
+
+    /// A follower's truncation: drops every batch that ends after `offset`
+    /// (so a batch holding `offset` goes too) and returns the new log end,
+    /// at most `offset`. An `offset` at or past the end changes nothing.
+    pub async fn truncate_at_most(&self, offset: Offset) -> Result<Offset, LogError> {
+        let end = self.end_offset();
+        if offset >= end {
+            return Ok(end);
+        }
+        let start = self.start_offset();
+        recovery::truncate_to(&self.sh, offset.0.max(start.0), false).await.map(Offset)
+    }
+
+    /// [`Log::read`] that also stops before `cap` (the replicated high
+    /// watermark a consumer may see): no batch ending at or after `cap`.
+    pub async fn read_upto(&self, from: Offset, max_bytes: usize, cap: Offset) -> Result<LogRead, LogError> {
+        read::read_capped(&self.sh, from, max_bytes, cap.0).await
+    }
+
+    /// The latest leader epoch that wrote to this log.
+    #[must_use]
+    pub fn latest_epoch(&self) -> Option<i32> {
+        self.sh.st.borrow().epochs.latest()
+    }
+
+    /// Where `epoch` ends in this log (see [`LeaderEpochs::end_offset_for`]).
+    #[must_use]
+    pub fn epoch_end_offset(&self, epoch: i32) -> Option<(i32, Offset)> {
+        let st = self.sh.st.borrow();
+        st.epochs.end_offset_for(epoch, st.active.next_offset).map(|(e, o)| (e, Offset(o)))
+    }
+
+    /// Records that `epoch` starts at the log end now (a replica becoming
+    /// leader), so the history knows it before its first batch arrives, and
+    /// writes the checkpoint.
+    pub async fn begin_epoch(&self, epoch: i32) -> Result<(), LogError> {
+        let changed = {
+            let mut st = self.sh.st.borrow_mut();
+            let end = st.active.next_offset;
+            st.epochs.assign(epoch, end)
+        };
+        if changed {
+            epochs::write_checkpoint(&self.sh).await?;
+        }
+        Ok(())
+    }
+}
+
+/// How an append's batches get their offsets and leader epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stamp {
+    /// A leader's append: offsets from the log end, this epoch.
+    Leader(i32),
+    /// A follower's: as the leader stamped them.
+    Replica,
+}
+
+/// A follower's batches must continue this log exactly.
+fn check_replica_offsets(headers: &[BatchHeader], end: u64) -> Result<(), LogError> {
+    let mut expected = end;
+    for h in headers {
+        if h.base_offset != expected {
+            return Err(LogError::ReplicaOffsetMismatch {
+                expected: Offset(expected),
+                got: Offset(h.base_offset),
+            });
+        }
+        expected = h.checked_next_offset().ok_or(LogError::InvalidBatch(batch::BatchError::Empty))?;
+    }
+    Ok(())
 }
 
 /// Validates each batch's header and CRC; returns their headers.

@@ -96,7 +96,7 @@ fn hot_header(w: &hot::HotWindow, pos: u64) -> Option<BatchHeader> {
 /// the whole answer lies in it; `None` sends the read to the file path.
 /// Mirrors the file path: index lookup, then a header scan of at most one
 /// index interval, from the window start when the index entry precedes it.
-fn read_hot(sh: &Shared, st: &State, from: u64, max_bytes: usize) -> Option<LogRead> {
+fn read_hot(sh: &Shared, st: &State, from: u64, max_bytes: usize, cap: u64) -> Option<LogRead> {
     let a = &st.active;
     if from < a.base {
         return None;
@@ -121,21 +121,24 @@ fn read_hot(sh: &Shared, st: &State, from: u64, max_bytes: usize) -> Option<LogR
         }
         pos += h.total_bytes() as u64;
     };
+    if first.last_offset() >= cap {
+        return Some(LogRead::empty(Offset(from)));
+    }
     let first_end = start_pos + first.total_bytes() as u64;
     let limit = (start_pos + max_bytes as u64).max(first_end).min(data_end);
     let (mut end_pos, mut last_offset) = (first_end, first.last_offset());
-    if limit >= data_end {
+    if limit >= data_end && hw <= cap {
         end_pos = data_end;
         last_offset = hw - 1;
     } else if limit > first_end {
         let e = a.index.lookup_pos(limit);
-        if u64::from(e.pos) > first_end {
+        if u64::from(e.pos) > first_end && a.base + u64::from(e.rel_offset) <= cap {
             end_pos = u64::from(e.pos);
             last_offset = a.base + u64::from(e.rel_offset) - 1;
         }
         while let Some(h) = hot_header(&w, end_pos) {
             let end = end_pos + h.total_bytes() as u64;
-            if end > limit {
+            if end > limit || h.last_offset() >= cap {
                 break;
             }
             end_pos = end;
@@ -183,6 +186,16 @@ async fn lookup(sh: &Shared, base: u64, target: u64, by_pos: bool) -> Result<Ind
 }
 
 pub(super) async fn read(sh: &Rc<Shared>, from: Offset, max_bytes: usize) -> Result<LogRead, LogError> {
+    read_capped(sh, from, max_bytes, u64::MAX).await
+}
+
+/// [`read`] that returns no batch ending at or after `cap`.
+pub(super) async fn read_capped(
+    sh: &Rc<Shared>,
+    from: Offset,
+    max_bytes: usize,
+    cap: u64,
+) -> Result<LogRead, LogError> {
     let mut at = from.0;
     // Compaction may have emptied the end of a sealed segment: a read that
     // finds no batch at or after `at` there goes on at the next segment.
@@ -197,10 +210,10 @@ pub(super) async fn read(sh: &Rc<Shared>, from: Offset, max_bytes: usize) -> Res
                     end: Offset(end),
                 });
             }
-            if at >= st.high_watermark(&sh.config).0 {
+            if at >= st.high_watermark(&sh.config).0.min(cap) {
                 return Ok(LogRead::empty(Offset(at)));
             }
-            if let Some(hot) = read_hot(sh, &st, at, max_bytes) {
+            if let Some(hot) = read_hot(sh, &st, at, max_bytes, cap) {
                 return Ok(hot);
             }
             plan_for(&st, &sh.config, at)
@@ -226,22 +239,25 @@ pub(super) async fn read(sh: &Rc<Shared>, from: Offset, max_bytes: usize) -> Res
             None => return Ok(LogRead::empty(Offset(at))),
         }
     };
+    if first.header.last_offset() >= cap {
+        return Ok(LogRead::empty(from));
+    }
     let start_pos = first.pos;
     let first_end = start_pos + first.header.total_bytes() as u64;
     let limit = (start_pos + max_bytes as u64).max(first_end).min(plan.data_end);
     let (mut end_pos, mut last_offset) = (first_end, first.header.last_offset());
-    if limit >= plan.data_end {
+    if limit >= plan.data_end && plan.end_next <= cap {
         end_pos = plan.data_end;
         last_offset = plan.end_next - 1;
     } else if limit > first_end {
         let e = lookup(sh, plan.base, limit, true).await?;
-        if u64::from(e.pos) > first_end {
+        if u64::from(e.pos) > first_end && plan.base + u64::from(e.rel_offset) <= cap {
             end_pos = u64::from(e.pos);
             last_offset = plan.base + u64::from(e.rel_offset) - 1;
         }
         scan_headers(&reader, end_pos, plan.data_end, |b| {
             let end = b.pos + b.header.total_bytes() as u64;
-            if end > limit {
+            if end > limit || b.header.last_offset() >= cap {
                 return false;
             }
             end_pos = end;

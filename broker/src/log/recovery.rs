@@ -246,6 +246,7 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
     drop(reader);
     let file = counted_write_file(file, &options.files);
     let producers = idempotence::rebuild(&dir, &scan, scan.next_offset);
+    let epochs = epochs::LeaderEpochs::load(&dir, scan.next_offset);
     let active = Active::new(base, path, file, ReaderSlot::new(&options.files), scan, tail);
     let hot =
         hot::HotWindow::new(options.hot_tail.clone(), options.hot_tail_log_bytes_max, base, active.end_pos);
@@ -285,12 +286,14 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
             compacting: false,
             cleaned_upto: 0,
             producers,
+            epochs,
         }),
         changed: Notify::default(),
         hot,
         open_readers_max: options.open_readers_max.max(2),
         files: options.files,
         write_tick: Cell::new(None),
+        epochs_writing: Cell::new(false),
     });
     touch_write_file(&sh);
     if marker.is_some() {
@@ -356,7 +359,9 @@ async fn open_last(
     Ok((file, reader, scan, Vec::new()))
 }
 
-pub(super) async fn truncate_to(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
+/// Truncates to `offset`, which must be a batch boundary when `exact`;
+/// otherwise to the last boundary at or below it. Returns the new end.
+pub(super) async fn truncate_to(sh: &Rc<Shared>, offset: u64, exact: bool) -> Result<u64, LogError> {
     loop {
         wait_not_rolling(sh).await;
         let mut st = sh.st.borrow_mut();
@@ -365,7 +370,7 @@ pub(super) async fn truncate_to(sh: &Rc<Shared>, offset: u64) -> Result<(), LogE
             break;
         }
     }
-    let result = truncate_inner(sh, offset).await;
+    let result = truncate_inner(sh, offset, exact).await;
     {
         let mut st = sh.st.borrow_mut();
         st.rolling = false;
@@ -376,7 +381,7 @@ pub(super) async fn truncate_to(sh: &Rc<Shared>, offset: u64) -> Result<(), LogE
     result
 }
 
-async fn truncate_inner(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
+async fn truncate_inner(sh: &Rc<Shared>, offset: u64, exact: bool) -> Result<u64, LogError> {
     flush_inner(sh).await?;
     let (start, end, active_base) = {
         let st = sh.st.borrow();
@@ -390,7 +395,7 @@ async fn truncate_inner(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
         });
     }
     if offset == end {
-        return Ok(());
+        return Ok(end);
     }
     let interval = sh.config.index_interval_bytes;
     let seg_base = if offset >= active_base {
@@ -409,9 +414,10 @@ async fn truncate_inner(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
     };
     let reader = read::segment_reader(sh, seg_base, false).await?;
     let mut scan = recover_scan(&reader, seg_base, size, interval, Some(offset), gaps_below).await?;
-    if scan.next_offset != offset {
+    if exact && scan.next_offset != offset {
         return Err(LogError::NotBatchBoundary { dir: sh.dir.clone(), offset: Offset(offset) });
     }
+    let offset = scan.next_offset;
     // Remove later segments, newest first, so a crash midway leaves a prefix.
     let later: Vec<u64> = {
         let st = sh.st.borrow();
@@ -442,6 +448,7 @@ async fn truncate_inner(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
             st.closed_bytes -= s.size();
         }
         st.producers_truncated(offset, &replay);
+        st.epochs.truncate_from(offset);
         std::mem::replace(&mut st.active, new)
     };
     touch_write_file(sh);
@@ -452,6 +459,8 @@ async fn truncate_inner(sh: &Rc<Shared>, offset: u64) -> Result<(), LogError> {
     // The last snapshot may be from past `offset`: appends from here would
     // fall before its offset and not be replayed at open (`idempotence`).
     idempotence::write_snapshot(sh).await?;
+    epochs::write_checkpoint(sh).await?;
     tracing::info!(dir = %sh.dir.display(), offset, "log truncated");
-    sync_dir(&sh.dir).await
+    sync_dir(&sh.dir).await?;
+    Ok(offset)
 }

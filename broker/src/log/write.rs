@@ -13,7 +13,7 @@ impl State {
         &mut self,
         batches: &[u8],
         headers: &[BatchHeader],
-        leader_epoch: i32,
+        stamp: Stamp,
         durable: bool,
     ) -> (Rc<AppendSlot>, AppendInfo) {
         let start_offset = self.start_offset();
@@ -26,10 +26,12 @@ impl State {
             let len = h.total_bytes();
             // Stamp the copy: the stamped fields sit in the first 16 bytes,
             // which may straddle two chunks.
-            let mut head = [0u8; 16];
-            head.copy_from_slice(&batches[at..at + 16]);
-            batch::stamp(&mut head, offset, leader_epoch);
-            a.fill_copy(start + at, &head);
+            if let Stamp::Leader(leader_epoch) = stamp {
+                let mut head = [0u8; 16];
+                head.copy_from_slice(&batches[at..at + 16]);
+                batch::stamp(&mut head, offset, leader_epoch);
+                a.fill_copy(start + at, &head);
+            }
             let next = offset + u64::from(h.last_offset_delta) + 1;
             a.unwritten_batches.push_back(BatchMeta {
                 rel_offset: u32::try_from(offset - a.base).expect("roll keeps relative offsets in u32"),
@@ -56,6 +58,23 @@ impl State {
             log_start_offset: Offset(start_offset),
         };
         (slot, info)
+    }
+
+    /// Notes the leader epochs of an append just enqueued at `base_offset`
+    /// in the history; returns whether a new epoch started (the checkpoint
+    /// must be rewritten).
+    pub(super) fn note_epochs(&mut self, headers: &[BatchHeader], stamp: Stamp, base_offset: u64) -> bool {
+        let mut offset = base_offset;
+        let mut changed = false;
+        for h in headers {
+            let epoch = match stamp {
+                Stamp::Leader(e) => e,
+                Stamp::Replica => h.leader_epoch,
+            };
+            changed |= self.epochs.assign(epoch, offset);
+            offset += u64::from(h.last_offset_delta) + 1;
+        }
+        changed
     }
 
     /// Takes the next aligned write: the first chunk when it is full and more
@@ -209,6 +228,7 @@ impl State {
         a.fill_start = a.tail_start;
         a.fill_len = a.tail.len();
         self.producers.truncate_from(rolled_back_from);
+        self.epochs.truncate_from(rolled_back_from);
         for w in self.unwritten.drain(..) {
             w.slot.resolve(Err(err.duplicate()));
         }
