@@ -164,6 +164,7 @@ fn send_fetch(c: &mut Conn, topic: &str, partitions: u32, max_bytes: u32) {
                             partition: p,
                             fetch_offset: 0,
                             partition_max_bytes: max_bytes,
+                            current_leader_epoch: -1,
                         },
                     )
                 })

@@ -262,6 +262,7 @@ fn consumer_vanishing_mid_splice_leaves_broker_healthy() {
                         partition: 0,
                         fetch_offset: 0,
                         partition_max_bytes: 64 << 20,
+                        current_leader_epoch: -1,
                     },
                 );
                 let ps = fbb.create_vector(&[p]);

@@ -7,8 +7,8 @@
 
 use crate::error::{ClientError, Result};
 use bytes::Bytes;
-use flatbuffers::{FlatBufferBuilder, UnionWIPOffset, WIPOffset};
-use shardlog_schema::frame::{finish_into, FrameLimits};
+use flatbuffers::{FlatBufferBuilder, WIPOffset};
+use shardlog_schema::frame::FrameLimits;
 use shardlog_schema::{wire, ErrorCode};
 
 /// ListOffsets sentinel: the first offset still in the log.
@@ -50,33 +50,7 @@ pub(crate) fn missing_body(api: &str) -> ClientError {
     ClientError::Protocol(format!("{api} response has no body"))
 }
 
-/// Wraps a request body into a frame envelope and returns `[len][envelope]`.
-pub(crate) fn envelope(
-    mut fbb: FlatBufferBuilder<'_>,
-    corr: u32,
-    client_id: &str,
-    api_key: wire::ApiKey,
-    body_type: wire::RequestBody,
-    body: WIPOffset<UnionWIPOffset>,
-    payload_bytes: u32,
-) -> Vec<u8> {
-    let client_id = fbb.create_string(client_id);
-    let root = wire::RequestFrame::create(
-        &mut fbb,
-        &wire::RequestFrameArgs {
-            correlation_id: corr,
-            api_key,
-            api_version: 0,
-            client_id: Some(client_id),
-            payload_bytes,
-            body_type,
-            body: Some(body),
-        },
-    );
-    let mut out = Vec::new();
-    finish_into(&mut fbb, root, &mut out);
-    out
-}
+pub(crate) use shardlog_schema::frame::request_envelope as envelope;
 
 fn config_entries<'a>(
     fbb: &mut FlatBufferBuilder<'a>,
@@ -496,6 +470,7 @@ pub fn encode_fetch(corr: u32, client_id: &str, params: FetchParams, targets: &[
                     partition: t.partition,
                     fetch_offset: t.offset as i64,
                     partition_max_bytes: t.max_bytes,
+                    current_leader_epoch: -1,
                 },
             )
         })

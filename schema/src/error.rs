@@ -11,6 +11,8 @@ pub fn is_retriable(code: ErrorCode) -> bool {
         code,
         ErrorCode::NotLeaderOrFollower
             | ErrorCode::LeaderNotAvailable
+            | ErrorCode::NotEnoughReplicas
+            | ErrorCode::FencedLeaderEpoch
             | ErrorCode::RequestTimedOut
             | ErrorCode::BrokerShuttingDown
             | ErrorCode::TooManyInFlight

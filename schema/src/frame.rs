@@ -148,6 +148,34 @@ pub fn error_response(
     finish_into(&mut fbb, root, out);
 }
 
+/// Wraps a request body into a frame envelope and returns `[len][envelope]`.
+pub fn request_envelope(
+    mut fbb: FlatBufferBuilder<'_>,
+    corr: u32,
+    client_id: &str,
+    api_key: wire::ApiKey,
+    body_type: wire::RequestBody,
+    body: WIPOffset<flatbuffers::UnionWIPOffset>,
+    payload_bytes: u32,
+) -> Vec<u8> {
+    let client_id = fbb.create_string(client_id);
+    let root = wire::RequestFrame::create(
+        &mut fbb,
+        &wire::RequestFrameArgs {
+            correlation_id: corr,
+            api_key,
+            api_version: 0,
+            client_id: Some(client_id),
+            payload_bytes,
+            body_type,
+            body: Some(body),
+        },
+    );
+    let mut out = Vec::new();
+    finish_into(&mut fbb, root, &mut out);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -230,6 +230,7 @@ impl Conn {
                         partition,
                         fetch_offset: offset,
                         partition_max_bytes: 1 << 20,
+                        current_leader_epoch: -1,
                     },
                 );
                 let ps = fbb.create_vector(&[p]);

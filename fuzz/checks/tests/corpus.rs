@@ -145,6 +145,7 @@ fn fetch_body(fbb: &mut FlatBufferBuilder<'static>) -> WIPOffset<UnionWIPOffset>
             partition: 1,
             fetch_offset: 42,
             partition_max_bytes: 1 << 20,
+            current_leader_epoch: -1,
         },
     );
     let partitions = fbb.create_vector(&[p]);

@@ -13,10 +13,10 @@ pub mod wire {
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_API_KEY: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_API_KEY: u16 = 17;
+pub const ENUM_MAX_API_KEY: u16 = 18;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_API_KEY: [ApiKey; 18] = [
+pub const ENUM_VALUES_API_KEY: [ApiKey; 19] = [
   ApiKey::ApiVersions,
   ApiKey::Metadata,
   ApiKey::CreateTopics,
@@ -35,6 +35,7 @@ pub const ENUM_VALUES_API_KEY: [ApiKey; 18] = [
   ApiKey::DescribeGroups,
   ApiKey::DeleteGroups,
   ApiKey::InitProducerId,
+  ApiKey::OffsetsForLeaderEpoch,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -60,9 +61,10 @@ impl ApiKey {
   pub const DescribeGroups: Self = Self(15);
   pub const DeleteGroups: Self = Self(16);
   pub const InitProducerId: Self = Self(17);
+  pub const OffsetsForLeaderEpoch: Self = Self(18);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 17;
+  pub const ENUM_MAX: u16 = 18;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::ApiVersions,
     Self::Metadata,
@@ -82,6 +84,7 @@ impl ApiKey {
     Self::DescribeGroups,
     Self::DeleteGroups,
     Self::InitProducerId,
+    Self::OffsetsForLeaderEpoch,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -104,6 +107,7 @@ impl ApiKey {
       Self::DescribeGroups => Some("DescribeGroups"),
       Self::DeleteGroups => Some("DeleteGroups"),
       Self::InitProducerId => Some("InitProducerId"),
+      Self::OffsetsForLeaderEpoch => Some("OffsetsForLeaderEpoch"),
       _ => None,
     }
   }
@@ -161,10 +165,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for ApiKey {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ERROR_CODE: u16 = 35;
+pub const ENUM_MAX_ERROR_CODE: u16 = 37;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 36] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 38] = [
   ErrorCode::None,
   ErrorCode::Unknown,
   ErrorCode::CorruptMessage,
@@ -201,6 +205,8 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 36] = [
   ErrorCode::OutOfOrderSequence,
   ErrorCode::InvalidProducerEpoch,
   ErrorCode::LeaderNotAvailable,
+  ErrorCode::NotEnoughReplicas,
+  ErrorCode::FencedLeaderEpoch,
 ];
 
 /// Error codes a client can see. Append only; never renumber.
@@ -263,9 +269,15 @@ impl ErrorCode {
   /// The partition has no live leader (its broker is down): retry after
   /// refreshing metadata.
   pub const LeaderNotAvailable: Self = Self(35);
+  /// An `acks=all` produce while the partition's in-sync replicas are
+  /// fewer than its `min.insync.replicas`: retriable.
+  pub const NotEnoughReplicas: Self = Self(36);
+  /// A replica request named a leader epoch older than the partition's
+  /// (the asker is behind: refresh metadata) or newer (this broker is).
+  pub const FencedLeaderEpoch: Self = Self(37);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 35;
+  pub const ENUM_MAX: u16 = 37;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::None,
     Self::Unknown,
@@ -303,6 +315,8 @@ impl ErrorCode {
     Self::OutOfOrderSequence,
     Self::InvalidProducerEpoch,
     Self::LeaderNotAvailable,
+    Self::NotEnoughReplicas,
+    Self::FencedLeaderEpoch,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -343,6 +357,8 @@ impl ErrorCode {
       Self::OutOfOrderSequence => Some("OutOfOrderSequence"),
       Self::InvalidProducerEpoch => Some("InvalidProducerEpoch"),
       Self::LeaderNotAvailable => Some("LeaderNotAvailable"),
+      Self::NotEnoughReplicas => Some("NotEnoughReplicas"),
+      Self::FencedLeaderEpoch => Some("FencedLeaderEpoch"),
       _ => None,
     }
   }
@@ -400,10 +416,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for ErrorCode {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_REQUEST_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_REQUEST_BODY: u8 = 18;
+pub const ENUM_MAX_REQUEST_BODY: u8 = 19;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_REQUEST_BODY: [RequestBody; 19] = [
+pub const ENUM_VALUES_REQUEST_BODY: [RequestBody; 20] = [
   RequestBody::NONE,
   RequestBody::ApiVersionsRequest,
   RequestBody::MetadataRequest,
@@ -423,6 +439,7 @@ pub const ENUM_VALUES_REQUEST_BODY: [RequestBody; 19] = [
   RequestBody::DescribeGroupsRequest,
   RequestBody::DeleteGroupsRequest,
   RequestBody::InitProducerIdRequest,
+  RequestBody::OffsetsForLeaderEpochRequest,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -449,9 +466,10 @@ impl RequestBody {
   pub const DescribeGroupsRequest: Self = Self(16);
   pub const DeleteGroupsRequest: Self = Self(17);
   pub const InitProducerIdRequest: Self = Self(18);
+  pub const OffsetsForLeaderEpochRequest: Self = Self(19);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 18;
+  pub const ENUM_MAX: u8 = 19;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::ApiVersionsRequest,
@@ -472,6 +490,7 @@ impl RequestBody {
     Self::DescribeGroupsRequest,
     Self::DeleteGroupsRequest,
     Self::InitProducerIdRequest,
+    Self::OffsetsForLeaderEpochRequest,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -495,6 +514,7 @@ impl RequestBody {
       Self::DescribeGroupsRequest => Some("DescribeGroupsRequest"),
       Self::DeleteGroupsRequest => Some("DeleteGroupsRequest"),
       Self::InitProducerIdRequest => Some("InitProducerIdRequest"),
+      Self::OffsetsForLeaderEpochRequest => Some("OffsetsForLeaderEpochRequest"),
       _ => None,
     }
   }
@@ -554,10 +574,10 @@ pub struct RequestBodyUnionTableOffset {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_RESPONSE_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_RESPONSE_BODY: u8 = 18;
+pub const ENUM_MAX_RESPONSE_BODY: u8 = 19;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_RESPONSE_BODY: [ResponseBody; 19] = [
+pub const ENUM_VALUES_RESPONSE_BODY: [ResponseBody; 20] = [
   ResponseBody::NONE,
   ResponseBody::ApiVersionsResponse,
   ResponseBody::MetadataResponse,
@@ -577,6 +597,7 @@ pub const ENUM_VALUES_RESPONSE_BODY: [ResponseBody; 19] = [
   ResponseBody::DescribeGroupsResponse,
   ResponseBody::DeleteGroupsResponse,
   ResponseBody::InitProducerIdResponse,
+  ResponseBody::OffsetsForLeaderEpochResponse,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -603,9 +624,10 @@ impl ResponseBody {
   pub const DescribeGroupsResponse: Self = Self(16);
   pub const DeleteGroupsResponse: Self = Self(17);
   pub const InitProducerIdResponse: Self = Self(18);
+  pub const OffsetsForLeaderEpochResponse: Self = Self(19);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 18;
+  pub const ENUM_MAX: u8 = 19;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::ApiVersionsResponse,
@@ -626,6 +648,7 @@ impl ResponseBody {
     Self::DescribeGroupsResponse,
     Self::DeleteGroupsResponse,
     Self::InitProducerIdResponse,
+    Self::OffsetsForLeaderEpochResponse,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -649,6 +672,7 @@ impl ResponseBody {
       Self::DescribeGroupsResponse => Some("DescribeGroupsResponse"),
       Self::DeleteGroupsResponse => Some("DeleteGroupsResponse"),
       Self::InitProducerIdResponse => Some("InitProducerIdResponse"),
+      Self::OffsetsForLeaderEpochResponse => Some("OffsetsForLeaderEpochResponse"),
       _ => None,
     }
   }
@@ -3619,6 +3643,7 @@ impl<'a> FetchPartition<'a> {
   pub const VT_PARTITION: ::flatbuffers::VOffsetT = 6;
   pub const VT_FETCH_OFFSET: ::flatbuffers::VOffsetT = 8;
   pub const VT_PARTITION_MAX_BYTES: ::flatbuffers::VOffsetT = 10;
+  pub const VT_CURRENT_LEADER_EPOCH: ::flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -3631,6 +3656,7 @@ impl<'a> FetchPartition<'a> {
   ) -> ::flatbuffers::WIPOffset<FetchPartition<'bldr>> {
     let mut builder = FetchPartitionBuilder::new(_fbb);
     builder.add_fetch_offset(args.fetch_offset);
+    builder.add_current_leader_epoch(args.current_leader_epoch);
     builder.add_partition_max_bytes(args.partition_max_bytes);
     builder.add_partition(args.partition);
     if let Some(x) = args.topic { builder.add_topic(x); }
@@ -3666,6 +3692,15 @@ impl<'a> FetchPartition<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(FetchPartition::VT_PARTITION_MAX_BYTES, Some(1048576)).unwrap()}
   }
+  /// A follower's idea of the leader epoch (-1: not checked); a leader
+  /// with another epoch answers `FencedLeaderEpoch`.
+  #[inline]
+  pub fn current_leader_epoch(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(FetchPartition::VT_CURRENT_LEADER_EPOCH, Some(-1)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for FetchPartition<'_> {
@@ -3678,6 +3713,7 @@ impl ::flatbuffers::Verifiable for FetchPartition<'_> {
      .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
      .visit_field::<i64>("fetch_offset", Self::VT_FETCH_OFFSET, false)?
      .visit_field::<u32>("partition_max_bytes", Self::VT_PARTITION_MAX_BYTES, false)?
+     .visit_field::<i32>("current_leader_epoch", Self::VT_CURRENT_LEADER_EPOCH, false)?
      .finish();
     Ok(())
   }
@@ -3687,6 +3723,7 @@ pub struct FetchPartitionArgs<'a> {
     pub partition: u32,
     pub fetch_offset: i64,
     pub partition_max_bytes: u32,
+    pub current_leader_epoch: i32,
 }
 impl<'a> Default for FetchPartitionArgs<'a> {
   #[inline]
@@ -3696,6 +3733,7 @@ impl<'a> Default for FetchPartitionArgs<'a> {
       partition: 0,
       fetch_offset: 0,
       partition_max_bytes: 1048576,
+      current_leader_epoch: -1,
     }
   }
 }
@@ -3722,6 +3760,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> FetchPartitionBuilder<'a, 'b,
     self.fbb_.push_slot::<u32>(FetchPartition::VT_PARTITION_MAX_BYTES, partition_max_bytes, 1048576);
   }
   #[inline]
+  pub fn add_current_leader_epoch(&mut self, current_leader_epoch: i32) {
+    self.fbb_.push_slot::<i32>(FetchPartition::VT_CURRENT_LEADER_EPOCH, current_leader_epoch, -1);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> FetchPartitionBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     FetchPartitionBuilder {
@@ -3743,6 +3785,7 @@ impl ::core::fmt::Debug for FetchPartition<'_> {
       ds.field("partition", &self.partition());
       ds.field("fetch_offset", &self.fetch_offset());
       ds.field("partition_max_bytes", &self.partition_max_bytes());
+      ds.field("current_leader_epoch", &self.current_leader_epoch());
       ds.finish()
   }
 }
@@ -9712,6 +9755,548 @@ impl ::core::fmt::Debug for InitProducerIdResponse<'_> {
       ds.finish()
   }
 }
+pub enum EpochQueryOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Where a follower's last leader epoch ends on the leader: the follower
+/// truncates there before it fetches.
+pub struct EpochQuery<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for EpochQuery<'a> {
+  type Inner = EpochQuery<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> EpochQuery<'a> {
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITION: ::flatbuffers::VOffsetT = 6;
+  pub const VT_LEADER_EPOCH: ::flatbuffers::VOffsetT = 8;
+  pub const VT_CURRENT_LEADER_EPOCH: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    EpochQuery { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args EpochQueryArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<EpochQuery<'bldr>> {
+    let mut builder = EpochQueryBuilder::new(_fbb);
+    builder.add_current_leader_epoch(args.current_leader_epoch);
+    builder.add_leader_epoch(args.leader_epoch);
+    builder.add_partition(args.partition);
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(EpochQuery::VT_TOPIC, None)}
+  }
+  #[inline]
+  pub fn partition(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(EpochQuery::VT_PARTITION, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn leader_epoch(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(EpochQuery::VT_LEADER_EPOCH, Some(0)).unwrap()}
+  }
+  /// The asker's idea of the leader's current epoch (-1: not checked).
+  #[inline]
+  pub fn current_leader_epoch(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(EpochQuery::VT_CURRENT_LEADER_EPOCH, Some(-1)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for EpochQuery<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
+     .visit_field::<i32>("leader_epoch", Self::VT_LEADER_EPOCH, false)?
+     .visit_field::<i32>("current_leader_epoch", Self::VT_CURRENT_LEADER_EPOCH, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct EpochQueryArgs<'a> {
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partition: u32,
+    pub leader_epoch: i32,
+    pub current_leader_epoch: i32,
+}
+impl<'a> Default for EpochQueryArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    EpochQueryArgs {
+      topic: None,
+      partition: 0,
+      leader_epoch: 0,
+      current_leader_epoch: -1,
+    }
+  }
+}
+
+pub struct EpochQueryBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> EpochQueryBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(EpochQuery::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_partition(&mut self, partition: u32) {
+    self.fbb_.push_slot::<u32>(EpochQuery::VT_PARTITION, partition, 0);
+  }
+  #[inline]
+  pub fn add_leader_epoch(&mut self, leader_epoch: i32) {
+    self.fbb_.push_slot::<i32>(EpochQuery::VT_LEADER_EPOCH, leader_epoch, 0);
+  }
+  #[inline]
+  pub fn add_current_leader_epoch(&mut self, current_leader_epoch: i32) {
+    self.fbb_.push_slot::<i32>(EpochQuery::VT_CURRENT_LEADER_EPOCH, current_leader_epoch, -1);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> EpochQueryBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    EpochQueryBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<EpochQuery<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for EpochQuery<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("EpochQuery");
+      ds.field("topic", &self.topic());
+      ds.field("partition", &self.partition());
+      ds.field("leader_epoch", &self.leader_epoch());
+      ds.field("current_leader_epoch", &self.current_leader_epoch());
+      ds.finish()
+  }
+}
+pub enum OffsetsForLeaderEpochRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct OffsetsForLeaderEpochRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for OffsetsForLeaderEpochRequest<'a> {
+  type Inner = OffsetsForLeaderEpochRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> OffsetsForLeaderEpochRequest<'a> {
+  pub const VT_REPLICA_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITIONS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    OffsetsForLeaderEpochRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args OffsetsForLeaderEpochRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<OffsetsForLeaderEpochRequest<'bldr>> {
+    let mut builder = OffsetsForLeaderEpochRequestBuilder::new(_fbb);
+    if let Some(x) = args.partitions { builder.add_partitions(x); }
+    builder.add_replica_id(args.replica_id);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn replica_id(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(OffsetsForLeaderEpochRequest::VT_REPLICA_ID, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn partitions(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<EpochQuery<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<EpochQuery>>>>(OffsetsForLeaderEpochRequest::VT_PARTITIONS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for OffsetsForLeaderEpochRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<i32>("replica_id", Self::VT_REPLICA_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<EpochQuery>>>>("partitions", Self::VT_PARTITIONS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct OffsetsForLeaderEpochRequestArgs<'a> {
+    pub replica_id: i32,
+    pub partitions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<EpochQuery<'a>>>>>,
+}
+impl<'a> Default for OffsetsForLeaderEpochRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    OffsetsForLeaderEpochRequestArgs {
+      replica_id: -1,
+      partitions: None,
+    }
+  }
+}
+
+pub struct OffsetsForLeaderEpochRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> OffsetsForLeaderEpochRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_replica_id(&mut self, replica_id: i32) {
+    self.fbb_.push_slot::<i32>(OffsetsForLeaderEpochRequest::VT_REPLICA_ID, replica_id, -1);
+  }
+  #[inline]
+  pub fn add_partitions(&mut self, partitions: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<EpochQuery<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetsForLeaderEpochRequest::VT_PARTITIONS, partitions);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> OffsetsForLeaderEpochRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    OffsetsForLeaderEpochRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<OffsetsForLeaderEpochRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for OffsetsForLeaderEpochRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("OffsetsForLeaderEpochRequest");
+      ds.field("replica_id", &self.replica_id());
+      ds.field("partitions", &self.partitions());
+      ds.finish()
+  }
+}
+pub enum EpochEndOffsetOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct EpochEndOffset<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for EpochEndOffset<'a> {
+  type Inner = EpochEndOffset<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> EpochEndOffset<'a> {
+  pub const VT_TOPIC: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PARTITION: ::flatbuffers::VOffsetT = 6;
+  pub const VT_ERROR: ::flatbuffers::VOffsetT = 8;
+  pub const VT_ERROR_MESSAGE: ::flatbuffers::VOffsetT = 10;
+  pub const VT_LEADER_EPOCH: ::flatbuffers::VOffsetT = 12;
+  pub const VT_END_OFFSET: ::flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    EpochEndOffset { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args EpochEndOffsetArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<EpochEndOffset<'bldr>> {
+    let mut builder = EpochEndOffsetBuilder::new(_fbb);
+    builder.add_end_offset(args.end_offset);
+    builder.add_leader_epoch(args.leader_epoch);
+    if let Some(x) = args.error_message { builder.add_error_message(x); }
+    builder.add_partition(args.partition);
+    if let Some(x) = args.topic { builder.add_topic(x); }
+    builder.add_error(args.error);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn topic(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(EpochEndOffset::VT_TOPIC, None)}
+  }
+  #[inline]
+  pub fn partition(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(EpochEndOffset::VT_PARTITION, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn error(&self) -> ErrorCode {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ErrorCode>(EpochEndOffset::VT_ERROR, Some(ErrorCode::None)).unwrap()}
+  }
+  #[inline]
+  pub fn error_message(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(EpochEndOffset::VT_ERROR_MESSAGE, None)}
+  }
+  /// The largest epoch at most the asked one the leader has, and where it
+  /// ends there; -1 / -1 when the leader has none.
+  #[inline]
+  pub fn leader_epoch(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(EpochEndOffset::VT_LEADER_EPOCH, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn end_offset(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(EpochEndOffset::VT_END_OFFSET, Some(-1)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for EpochEndOffset<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("topic", Self::VT_TOPIC, false)?
+     .visit_field::<u32>("partition", Self::VT_PARTITION, false)?
+     .visit_field::<ErrorCode>("error", Self::VT_ERROR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("error_message", Self::VT_ERROR_MESSAGE, false)?
+     .visit_field::<i32>("leader_epoch", Self::VT_LEADER_EPOCH, false)?
+     .visit_field::<i64>("end_offset", Self::VT_END_OFFSET, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct EpochEndOffsetArgs<'a> {
+    pub topic: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub partition: u32,
+    pub error: ErrorCode,
+    pub error_message: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub leader_epoch: i32,
+    pub end_offset: i64,
+}
+impl<'a> Default for EpochEndOffsetArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    EpochEndOffsetArgs {
+      topic: None,
+      partition: 0,
+      error: ErrorCode::None,
+      error_message: None,
+      leader_epoch: -1,
+      end_offset: -1,
+    }
+  }
+}
+
+pub struct EpochEndOffsetBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> EpochEndOffsetBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_topic(&mut self, topic: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(EpochEndOffset::VT_TOPIC, topic);
+  }
+  #[inline]
+  pub fn add_partition(&mut self, partition: u32) {
+    self.fbb_.push_slot::<u32>(EpochEndOffset::VT_PARTITION, partition, 0);
+  }
+  #[inline]
+  pub fn add_error(&mut self, error: ErrorCode) {
+    self.fbb_.push_slot::<ErrorCode>(EpochEndOffset::VT_ERROR, error, ErrorCode::None);
+  }
+  #[inline]
+  pub fn add_error_message(&mut self, error_message: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(EpochEndOffset::VT_ERROR_MESSAGE, error_message);
+  }
+  #[inline]
+  pub fn add_leader_epoch(&mut self, leader_epoch: i32) {
+    self.fbb_.push_slot::<i32>(EpochEndOffset::VT_LEADER_EPOCH, leader_epoch, -1);
+  }
+  #[inline]
+  pub fn add_end_offset(&mut self, end_offset: i64) {
+    self.fbb_.push_slot::<i64>(EpochEndOffset::VT_END_OFFSET, end_offset, -1);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> EpochEndOffsetBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    EpochEndOffsetBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<EpochEndOffset<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for EpochEndOffset<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("EpochEndOffset");
+      ds.field("topic", &self.topic());
+      ds.field("partition", &self.partition());
+      ds.field("error", &self.error());
+      ds.field("error_message", &self.error_message());
+      ds.field("leader_epoch", &self.leader_epoch());
+      ds.field("end_offset", &self.end_offset());
+      ds.finish()
+  }
+}
+pub enum OffsetsForLeaderEpochResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct OffsetsForLeaderEpochResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for OffsetsForLeaderEpochResponse<'a> {
+  type Inner = OffsetsForLeaderEpochResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> OffsetsForLeaderEpochResponse<'a> {
+  pub const VT_PARTITIONS: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    OffsetsForLeaderEpochResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args OffsetsForLeaderEpochResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<OffsetsForLeaderEpochResponse<'bldr>> {
+    let mut builder = OffsetsForLeaderEpochResponseBuilder::new(_fbb);
+    if let Some(x) = args.partitions { builder.add_partitions(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn partitions(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<EpochEndOffset<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<EpochEndOffset>>>>(OffsetsForLeaderEpochResponse::VT_PARTITIONS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for OffsetsForLeaderEpochResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<EpochEndOffset>>>>("partitions", Self::VT_PARTITIONS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct OffsetsForLeaderEpochResponseArgs<'a> {
+    pub partitions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<EpochEndOffset<'a>>>>>,
+}
+impl<'a> Default for OffsetsForLeaderEpochResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    OffsetsForLeaderEpochResponseArgs {
+      partitions: None,
+    }
+  }
+}
+
+pub struct OffsetsForLeaderEpochResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> OffsetsForLeaderEpochResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_partitions(&mut self, partitions: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<EpochEndOffset<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(OffsetsForLeaderEpochResponse::VT_PARTITIONS, partitions);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> OffsetsForLeaderEpochResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    OffsetsForLeaderEpochResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<OffsetsForLeaderEpochResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for OffsetsForLeaderEpochResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("OffsetsForLeaderEpochResponse");
+      ds.field("partitions", &self.partitions());
+      ds.finish()
+  }
+}
 pub enum RequestFrameOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -10077,6 +10662,21 @@ impl<'a> RequestFrame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_offsets_for_leader_epoch_request(&self) -> Option<OffsetsForLeaderEpochRequest<'a>> {
+    if self.body_type() == RequestBody::OffsetsForLeaderEpochRequest {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { OffsetsForLeaderEpochRequest::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for RequestFrame<'_> {
@@ -10110,6 +10710,7 @@ impl ::flatbuffers::Verifiable for RequestFrame<'_> {
           RequestBody::DescribeGroupsRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<DescribeGroupsRequest>>("RequestBody::DescribeGroupsRequest", pos),
           RequestBody::DeleteGroupsRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<DeleteGroupsRequest>>("RequestBody::DeleteGroupsRequest", pos),
           RequestBody::InitProducerIdRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<InitProducerIdRequest>>("RequestBody::InitProducerIdRequest", pos),
+          RequestBody::OffsetsForLeaderEpochRequest => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<OffsetsForLeaderEpochRequest>>("RequestBody::OffsetsForLeaderEpochRequest", pos),
           _ => Ok(()),
         }
      })?
@@ -10320,6 +10921,13 @@ impl ::core::fmt::Debug for RequestFrame<'_> {
         },
         RequestBody::InitProducerIdRequest => {
           if let Some(x) = self.body_as_init_producer_id_request() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        RequestBody::OffsetsForLeaderEpochRequest => {
+          if let Some(x) = self.body_as_offsets_for_leader_epoch_request() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
@@ -10698,6 +11306,21 @@ impl<'a> ResponseFrame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_offsets_for_leader_epoch_response(&self) -> Option<OffsetsForLeaderEpochResponse<'a>> {
+    if self.body_type() == ResponseBody::OffsetsForLeaderEpochResponse {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { OffsetsForLeaderEpochResponse::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for ResponseFrame<'_> {
@@ -10731,6 +11354,7 @@ impl ::flatbuffers::Verifiable for ResponseFrame<'_> {
           ResponseBody::DescribeGroupsResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<DescribeGroupsResponse>>("ResponseBody::DescribeGroupsResponse", pos),
           ResponseBody::DeleteGroupsResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<DeleteGroupsResponse>>("ResponseBody::DeleteGroupsResponse", pos),
           ResponseBody::InitProducerIdResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<InitProducerIdResponse>>("ResponseBody::InitProducerIdResponse", pos),
+          ResponseBody::OffsetsForLeaderEpochResponse => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<OffsetsForLeaderEpochResponse>>("ResponseBody::OffsetsForLeaderEpochResponse", pos),
           _ => Ok(()),
         }
      })?
@@ -10941,6 +11565,13 @@ impl ::core::fmt::Debug for ResponseFrame<'_> {
         },
         ResponseBody::InitProducerIdResponse => {
           if let Some(x) = self.body_as_init_producer_id_response() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        ResponseBody::OffsetsForLeaderEpochResponse => {
+          if let Some(x) = self.body_as_offsets_for_leader_epoch_response() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
