@@ -105,6 +105,9 @@ pub struct TopicConfig {
     /// A sealed segment is compacted only once its newest record is this old
     /// [`min.compaction.lag.ms`].
     pub min_compaction_lag_ms: u64,
+    /// `acks=all` fails with `NotEnoughReplicas` while fewer replicas than
+    /// this are in sync [`min.insync.replicas`, default 1].
+    pub min_insync_replicas: u16,
 }
 
 pub const SEGMENT_BYTES_DEFAULT: u64 = 1 << 30;
@@ -131,6 +134,7 @@ impl Default for TopicConfig {
             delete_retention_ms: DELETE_RETENTION_MS_DEFAULT,
             min_cleanable_dirty_permille: MIN_CLEANABLE_DIRTY_PERMILLE_DEFAULT,
             min_compaction_lag_ms: 0,
+            min_insync_replicas: 1,
         }
     }
 }
@@ -231,6 +235,13 @@ impl TopicConfig {
             "delete.retention.ms" => self.delete_retention_ms = parse_u64(name, value)?,
             "min.cleanable.dirty.ratio" => self.min_cleanable_dirty_permille = parse_permille(name, value)?,
             "min.compaction.lag.ms" => self.min_compaction_lag_ms = parse_u64(name, value)?,
+            "min.insync.replicas" => {
+                let v = parse_u64(name, value)?;
+                if v == 0 {
+                    return Err(invalid("must be at least 1"));
+                }
+                self.min_insync_replicas = u16::try_from(v).map_err(|_| invalid("too large"))?;
+            }
             _ => return Err(ConfigError::Unknown(name.into())),
         }
         Ok(())
@@ -261,6 +272,7 @@ impl TopicConfig {
         out.push(("delete.retention.ms".into(), self.delete_retention_ms.to_string()));
         out.push(("min.cleanable.dirty.ratio".into(), format_permille(self.min_cleanable_dirty_permille)));
         out.push(("min.compaction.lag.ms".into(), self.min_compaction_lag_ms.to_string()));
+        out.push(("min.insync.replicas".into(), self.min_insync_replicas.to_string()));
         out
     }
 

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod net;
 pub mod partition;
 pub mod producer_ids;
+pub mod replica;
 pub mod shard;
 pub mod topic_error;
 pub mod topics;

@@ -119,6 +119,8 @@ pub struct Partition {
     pub config: TopicConfig,
     pub leader_epoch: Cell<i32>,
     pub data: Rc<DataNotify>,
+    /// Leader, follower or alone (`replica`).
+    pub replica: crate::replica::Replica,
 }
 
 impl Partition {
@@ -130,19 +132,98 @@ impl Partition {
         options: LogOptions,
     ) -> Result<Partition, LogError> {
         let log = Log::open_with(dir, config.clone(), options).await?;
-        Ok(Partition { topic, id, log, config, leader_epoch: Cell::new(0), data: Rc::default() })
+        Ok(Partition {
+            topic,
+            id,
+            log,
+            config,
+            leader_epoch: Cell::new(0),
+            data: Rc::default(),
+            replica: crate::replica::Replica::default(),
+        })
     }
 
     /// Validates and appends whole batches; wakes waiting fetches.
     pub async fn append(&self, batches: &[u8]) -> Result<AppendInfo, PartitionError> {
         validate_batches(batches, self.config.batch_bytes_max as usize)?;
         let info = self.log.append(batches, self.leader_epoch.get()).await?;
+        self.replica.advance_hw(self.log.high_watermark().0);
         self.data.notify();
         Ok(info)
     }
 
+    /// A consumer's read: whole batches below the high watermark.
     pub async fn read(&self, from: u64, max_bytes: usize) -> Result<LogRead, PartitionError> {
+        let hw = self.high_watermark();
+        Ok(self.log.read_upto(Offset(from), max_bytes, Offset(hw)).await?)
+    }
+
+    /// A follower's read: up to what this leader has written.
+    pub async fn read_replica(&self, from: u64, max_bytes: usize) -> Result<LogRead, PartitionError> {
         Ok(self.log.read(Offset(from), max_bytes).await?)
+    }
+
+    /// What consumers may see (see `replica`).
+    #[must_use]
+    pub fn high_watermark(&self) -> u64 {
+        self.replica.high_watermark(self.log.high_watermark().0)
+    }
+
+    /// `acks=all` before the append: refused while the ISR is smaller than
+    /// `min.insync.replicas`.
+    pub fn check_min_insync(&self) -> Result<(), PartitionError> {
+        let isr = self.replica.isr_len();
+        let min = usize::from(self.config.min_insync_replicas);
+        if isr < min {
+            return Err(PartitionError::new(
+                ErrorCode::NotEnoughReplicas,
+                format!(
+                    "partition {}-{} has {isr} in-sync replica(s), fewer than its min.insync.replicas of {min}",
+                    self.topic, self.id
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `acks=all` after the append: waits until every in-sync replica has
+    /// `last_offset` (the high watermark passed it), `timeout` at most.
+    pub async fn wait_replicated(
+        &self,
+        last_offset: u64,
+        timeout: std::time::Duration,
+    ) -> Result<(), PartitionError> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let seen = self.data.generation();
+            if self.high_watermark() > last_offset {
+                return Ok(());
+            }
+            if !self.replica.leads() {
+                return Err(PartitionError::new(
+                    ErrorCode::NotLeaderOrFollower,
+                    format!(
+                        "partition {}-{} lost its leadership here before offset {last_offset} was replicated: \
+                         it may or may not survive; retry with the new leader",
+                        self.topic, self.id
+                    ),
+                ));
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Err(PartitionError::new(
+                    ErrorCode::RequestTimedOut,
+                    format!(
+                        "partition {}-{}: offset {last_offset} not yet on every in-sync replica after {} ms",
+                        self.topic,
+                        self.id,
+                        timeout.as_millis()
+                    ),
+                ));
+            }
+            let changed = self.data.changed(seen);
+            let _ = futures_lite::future::or(changed, glommio::timer::sleep(deadline - now)).await;
+        }
     }
 
     /// ListOffsets: -2 earliest, -1 latest (high watermark), else the first
@@ -150,7 +231,7 @@ impl Partition {
     pub async fn list_offset(&self, timestamp: i64) -> Result<(i64, i64), PartitionError> {
         match timestamp {
             -2 => Ok((self.log.start_offset().0 as i64, -1)),
-            -1 => Ok((self.log.high_watermark().0 as i64, -1)),
+            -1 => Ok((self.high_watermark() as i64, -1)),
             ts if ts < 0 => Err(PartitionError::new(
                 ErrorCode::InvalidRequest,
                 format!("timestamp {ts}: use -2 (earliest), -1 (latest) or a time in ms"),

@@ -26,10 +26,10 @@ pub enum TopicOpError {
     #[error("broker holds {total} partitions; limit is {max}")]
     PartitionLimit { topic: String, total: u64, max: u64 },
     #[error(
-        "replication factor {replication} is not supported yet: every partition has one replica until \
-         replication lands (use 1)"
+        "replication factor {replication} needs that many live brokers (one replica each); {live} \
+         live (a broker without --zookeeper is alone: use 1)"
     )]
-    Replication { topic: String, replication: u16 },
+    Replication { topic: String, replication: u16, live: usize },
     /// Cluster mode: no controller created (or deleted) the topic in time.
     /// The request stays in ZooKeeper and a controller serves it later.
     #[error(
@@ -161,7 +161,7 @@ mod tests {
                 ErrorCode::InvalidPartitions,
             ),
             (TopicOpError::PartitionLimit { topic: t(), total: 9, max: 9 }, ErrorCode::ResourceLimit),
-            (TopicOpError::Replication { topic: t(), replication: 3 }, ErrorCode::InvalidConfig),
+            (TopicOpError::Replication { topic: t(), replication: 3, live: 1 }, ErrorCode::InvalidConfig),
             (
                 TopicOpError::BadConfig { topic: t(), source: ConfigError::Unknown("x".into()) },
                 ErrorCode::InvalidConfig,

@@ -24,8 +24,13 @@ fn broker_config(dir: &std::path::Path, id: i32, zookeeper: &str) -> BrokerConfi
     config.pin_cores = false;
     config.broker_id = id;
     config.group.offsets_topic_partitions = 1;
-    config.cluster =
-        Some(ClusterConfig { zookeeper: zookeeper.to_string(), session_timeout: SESSION, rack: None });
+    config.cluster = Some(ClusterConfig {
+        zookeeper: zookeeper.to_string(),
+        session_timeout: SESSION,
+        rack: None,
+        replica_lag_time_max: shardlog_broker::replica::REPLICA_LAG_TIME_MAX_DEFAULT,
+        election: Default::default(),
+    });
     config
 }
 
@@ -135,7 +140,7 @@ fn a_stale_controller_cannot_overwrite_its_successor() {
             Err(ControllerError::TopicExists(_))
         ));
         let live = BTreeSet::from([1, 2]);
-        assert_eq!(controller::reconcile(&a, &ea, &live).await.expect("reconcile"), 4);
+        assert_eq!(controller::reconcile(&a, &ea, &live, Default::default()).await.expect("reconcile"), 4);
         let (s, version) = controller::read_partition_state(&a, "t", 1).await.expect("state");
         assert_eq!((s.state, s.leader, s.controller_epoch), (PartitionState::Online, 2, ea.epoch));
 
@@ -145,13 +150,13 @@ fn a_stale_controller_cannot_overwrite_its_successor() {
         assert_eq!(eb.epoch, ea.epoch + 1);
 
         // a, unaware, writes with its old epoch: rejected, nothing changes.
-        let stale = controller::PartitionStateZnode { leader: 1, ..s };
+        let stale = controller::PartitionStateZnode { leader: 1, ..s.clone() };
         let path = paths::partition_state("t", 1);
         let write = [Write::Set { path: path.clone(), data: serde_json::to_vec(&stale).unwrap(), version }];
         let err = controller::fenced_write(&a, &ea, &write).await.expect_err("fenced");
         assert!(matches!(err, ControllerError::Fenced { epoch } if epoch == ea.epoch), "{err}");
         assert!(matches!(
-            controller::reconcile(&a, &ea, &BTreeSet::from([1])).await,
+            controller::reconcile(&a, &ea, &BTreeSet::from([1]), Default::default()).await,
             Err(ControllerError::Fenced { .. })
         ));
         assert!(matches!(
@@ -163,7 +168,12 @@ fn a_stale_controller_cannot_overwrite_its_successor() {
         assert_eq!(now, s, "the stale controller changed nothing");
 
         // b's writes go through; a state write with a stale version does not.
-        assert_eq!(controller::reconcile(&b, &eb, &BTreeSet::from([1])).await.expect("reconcile"), 2);
+        assert_eq!(
+            controller::reconcile(&b, &eb, &BTreeSet::from([1]), Default::default())
+                .await
+                .expect("reconcile"),
+            2
+        );
         let (off, _) = controller::read_partition_state(&b, "t", 1).await.expect("state");
         assert_eq!((off.state, off.leader, off.controller_epoch), (PartitionState::Offline, -1, eb.epoch));
         let err = controller::fenced_write(&b, &eb, &write).await.expect_err("stale version");

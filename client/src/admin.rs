@@ -25,8 +25,10 @@ pub struct PartitionDescription {
     /// The partition has no live leader (its broker is down): the leader is
     /// -1 and the offsets are unknown (0).
     pub offline: bool,
-    /// Brokers holding a replica.
+    /// Brokers holding a replica, the preferred leader first.
     pub replicas: Vec<i32>,
+    /// The in-sync replicas (leader included).
+    pub isr: Vec<i32>,
 }
 
 /// What `describe_topic` returns.
@@ -155,6 +157,7 @@ impl Admin {
                 end_offset: pair[1].offset.max(0) as u64,
                 offline: false,
                 replicas: p.replicas.clone(),
+                isr: p.isr.clone(),
             });
         }
         for p in offline {
@@ -169,6 +172,7 @@ impl Admin {
                 end_offset: 0,
                 offline: true,
                 replicas: p.replicas.clone(),
+                isr: p.isr.clone(),
             });
         }
         partitions.sort_by_key(|p| p.partition);

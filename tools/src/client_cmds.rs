@@ -102,29 +102,41 @@ pub async fn topic(cmd: TopicCommand) -> anyhow::Result<()> {
                 println!("  {k}={v}");
             }
             println!(
-                "{:>9} {:>6} {:>5} {:>21} {:>12} {:>12} {:>8}",
-                "partition", "leader", "shard", "address", "start", "end", "replicas"
+                "{:>9} {:>6} {:>5} {:>21} {:>12} {:>12} {:>8} {:>8} {:>6}",
+                "partition", "leader", "shard", "address", "start", "end", "replicas", "isr", "epoch"
             );
+            let ids = |v: &[i32]| v.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
             for p in &d.partitions {
-                let replicas: Vec<String> = p.replicas.iter().map(i32::to_string).collect();
-                let replicas = replicas.join(",");
+                let (replicas, isr) = (ids(&p.replicas), ids(&p.isr));
+                // Under-replicated: some replica is out of sync.
+                let mark = if p.isr.len() < p.replicas.len() { " UNDER-REPLICATED" } else { "" };
                 if p.offline {
                     println!(
-                        "{:>9} {:>6} {:>5} {:>21} {:>12} {:>12} {:>8}",
-                        p.partition, "-", "-", "OFFLINE (no live leader)", "-", "-", replicas
+                        "{:>9} {:>6} {:>5} {:>21} {:>12} {:>12} {:>8} {:>8} {:>6}",
+                        p.partition,
+                        "-",
+                        "-",
+                        "OFFLINE (no live leader)",
+                        "-",
+                        "-",
+                        replicas,
+                        isr,
+                        p.leader_epoch
                     );
                     continue;
                 }
                 let addr = format!("{}:{}", p.leader_host, p.leader_port);
                 println!(
-                    "{:>9} {:>6} {:>5} {:>21} {:>12} {:>12} {:>8}",
+                    "{:>9} {:>6} {:>5} {:>21} {:>12} {:>12} {:>8} {:>8} {:>6}{mark}",
                     p.partition,
                     p.leader_broker,
                     p.leader_shard,
                     addr,
                     p.start_offset,
                     p.end_offset,
-                    replicas
+                    replicas,
+                    isr,
+                    p.leader_epoch
                 );
             }
         }
@@ -411,6 +423,7 @@ fn describe_json(d: &shardlog_client::TopicDescription) -> serde_json::Value {
                 "end_offset": p.end_offset,
                 "offline": p.offline,
                 "replicas": p.replicas,
+                "isr": p.isr,
             })
         })
         .collect();

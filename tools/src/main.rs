@@ -114,8 +114,8 @@ pub enum TopicCommand {
         name: String,
         #[arg(long, default_value_t = 1)]
         partitions: u32,
-        /// Copies of each partition; only 1 until replication exists (the
-        /// broker refuses more with a clear message).
+        /// Copies of each partition, on distinct brokers (at most the live
+        /// brokers; 1 on a broker without --zookeeper).
         #[arg(long, default_value_t = 1)]
         replication_factor: u16,
         /// Topic setting `name=value` (Kafka names: retention.ms, segment.bytes, flush.policy...).

@@ -66,6 +66,20 @@ pub struct ServeArgs {
     /// This broker's rack [broker.rack], for rack-aware partition placement.
     #[arg(long)]
     rack: Option<String>,
+    /// A follower not caught up for this long leaves the ISR
+    /// [replica.lag.time.max.ms; 10000].
+    #[arg(long, value_name = "MS")]
+    replica_lag_time_max_ms: Option<u64>,
+    /// Let a live replica outside the ISR lead when no in-sync one is live:
+    /// availability over durability (acknowledged records may be lost)
+    /// [unclean.leader.election.enable; false]. Read by the controller.
+    #[arg(long)]
+    unclean_leader_election: bool,
+    /// Do not move leadership back to each partition's first (preferred)
+    /// replica once it is in sync [auto.leader.rebalance.enable; true].
+    /// Read by the controller.
+    #[arg(long)]
+    no_auto_leader_rebalance: bool,
     /// Do not pin shards to cores.
     #[arg(long)]
     no_pin_cores: bool,
@@ -191,13 +205,28 @@ pub fn build_config(args: ServeArgs) -> anyhow::Result<BrokerConfig> {
             bail!("--zookeeper needs --broker-id N (each broker of a cluster has its own id)");
         }
         let session_ms = args.zookeeper_session_timeout_ms.or(file.zookeeper_session_timeout_ms);
+        let lag_ms = args.replica_lag_time_max_ms.or(file.replica_lag_time_max_ms);
         config.cluster = Some(ClusterConfig {
             zookeeper,
             session_timeout: session_ms.map_or(SESSION_TIMEOUT_DEFAULT, Duration::from_millis),
             rack: args.rack.or(file.rack),
+            replica_lag_time_max: lag_ms
+                .map_or(shardlog_broker::replica::REPLICA_LAG_TIME_MAX_DEFAULT, Duration::from_millis),
+            election: shardlog_broker::cluster::controller::ElectionPolicy {
+                unclean: args.unclean_leader_election || file.unclean_leader_election.unwrap_or(false),
+                preferred: !args.no_auto_leader_rebalance && file.auto_leader_rebalance.unwrap_or(true),
+            },
         });
-    } else if args.zookeeper_session_timeout_ms.is_some() || args.rack.is_some() {
-        bail!("--zookeeper-session-timeout-ms and --rack need --zookeeper");
+    } else if args.zookeeper_session_timeout_ms.is_some()
+        || args.rack.is_some()
+        || args.replica_lag_time_max_ms.is_some()
+        || args.unclean_leader_election
+        || args.no_auto_leader_rebalance
+    {
+        bail!(
+            "--zookeeper-session-timeout-ms, --rack, --replica-lag-time-max-ms, --unclean-leader-election \
+             and --no-auto-leader-rebalance need --zookeeper"
+        );
     }
     config.pin_cores = !args.no_pin_cores && file.pin_cores.unwrap_or(true);
     let l = &mut config.limits;

@@ -17,6 +17,9 @@
 //! zookeeper = "zk1:2181,zk2:2181,zk3:2181/shardlog-prod"
 //! zookeeper_session_timeout_ms = 18000
 //! rack = "eu-1a"
+//! replica_lag_time_max_ms = 10000
+//! unclean_leader_election = false
+//! auto_leader_rebalance = true
 //! [serve.topic_defaults]          # Kafka names, as for `topic create --config`
 //! "retention.ms" = "86400000"
 //!
@@ -63,6 +66,9 @@ pub struct ServeSettings {
     pub zookeeper: Option<String>,
     pub zookeeper_session_timeout_ms: Option<u64>,
     pub rack: Option<String>,
+    pub replica_lag_time_max_ms: Option<u64>,
+    pub unclean_leader_election: Option<bool>,
+    pub auto_leader_rebalance: Option<bool>,
     pub pin_cores: Option<bool>,
     pub header_bytes_max: Option<u32>,
     pub request_payload_bytes_max: Option<u32>,

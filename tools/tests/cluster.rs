@@ -172,7 +172,7 @@ fn cluster_status_lists_brokers_controller_and_offline_partitions() {
         controller::create_topic(&c, &epoch, "t", &[vec![1], vec![2]], Default::default())
             .await
             .expect("topic");
-        controller::reconcile(&c, &epoch, &Default::default()).await.expect("reconcile");
+        controller::reconcile(&c, &epoch, &Default::default(), Default::default()).await.expect("reconcile");
     });
     let s: serde_json::Value = serde_json::from_str(&status(&other, true)).expect("json");
     assert_eq!((s["topics"].as_i64(), s["partitions"].as_i64()), (Some(1), Some(2)), "{s}");

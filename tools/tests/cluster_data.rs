@@ -13,83 +13,15 @@ mod common;
 #[path = "../../broker/tests/common/zk.rs"]
 mod zk;
 
+use common::cluster::{admin, rt, Node, SESSION_MS};
 use common::{wait_for, BIN};
 use shardlog_client::{
     Acks, Admin, ClientConfig, Consumer, ConsumerConfig, ErrorCode, Producer, ProducerConfig, ProducerRecord,
     SeekTo,
 };
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-const SESSION_MS: u64 = 2000;
-
-/// One `shardlog serve` broker of a cluster, killed when dropped.
-struct Node {
-    id: i32,
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-    listen: String,
-    /// The Kafka listener's address.
-    kafka: String,
-    zookeeper: String,
-}
-
-impl Node {
-    fn start(id: i32, zookeeper: &str) -> Node {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut node = Node {
-            id,
-            child: None,
-            dir,
-            listen: String::new(),
-            kafka: String::new(),
-            zookeeper: zookeeper.to_string(),
-        };
-        node.spawn();
-        node
-    }
-
-    fn spawn(&mut self) {
-        let extra = ["--offsets-topic-partitions", "3", "--kafka-listen", "127.0.0.1:0"];
-        let mut cmd = common::serve_command(self.dir.path(), 1, &extra);
-        cmd.args(["--broker-id", &self.id.to_string(), "--zookeeper", &self.zookeeper])
-            .args(["--advertised-host", "127.0.0.1"])
-            .args(["--zookeeper-session-timeout-ms", &SESSION_MS.to_string()])
-            .stderr(Stdio::inherit());
-        let mut child = cmd.spawn().expect("spawn");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("ready line");
-        assert!(line.starts_with("shardlog ready: "), "broker {}: {line:?}", self.id);
-        let field =
-            |name: &str| line.split_whitespace().find_map(|w| w.strip_prefix(name)).map(str::to_string);
-        self.listen = field("listen=").expect("listen");
-        self.kafka = field("kafka=").expect("kafka");
-        self.child = Some(child);
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
-}
-
-fn admin(rt: &tokio::runtime::Runtime, bootstrap: &str) -> Admin {
-    rt.block_on(Admin::connect(ClientConfig::new(bootstrap))).expect("admin")
-}
 
 /// Leader broker per partition as `bootstrap` describes the topic (-1: offline).
 fn leaders(rt: &tokio::runtime::Runtime, bootstrap: &str, topic: &str) -> Option<Vec<i32>> {

@@ -21,9 +21,13 @@
 //! created, znodes written), `New → Online | Offline` (its replica is live
 //! or not), `Online → Offline` (its broker left), `Offline → Online` (it
 //! came back; the leader epoch is bumped), `Online → Online` (a new leader,
-//! for replication later), `New | Offline → NonExistent` (deletion). Every
-//! change goes through [`check_transition`]; [`next_state`] decides it from
-//! the replica list and the live brokers, purely.
+//! elected from the ISR, or the ISR shrunk), `New | Offline → NonExistent`
+//! (deletion). Every change goes through [`check_transition`];
+//! [`next_state`] decides it from the replica list, the ISR and the live
+//! brokers, purely (Kafka's election rules, see there). The ISR is also
+//! written by each partition's leader (`replica`, `AlterIsr`): both
+//! writers go through the znode's version, so neither overwrites a state
+//! it has not read.
 
 use super::{zk::paths, ControllerInfo};
 use serde::{Deserialize, Serialize};
@@ -65,7 +69,7 @@ pub fn check_transition(from: PartitionState, to: PartitionState) -> Result<(), 
 }
 
 /// `/shardlog/topics/<t>/partitions/<p>/state`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartitionStateZnode {
     pub state: PartitionState,
     /// The leading broker, -1 when none is live.
@@ -74,6 +78,29 @@ pub struct PartitionStateZnode {
     pub leader_epoch: i32,
     /// The epoch of the controller that wrote this.
     pub controller_epoch: i32,
+    /// The in-sync replicas (leader included). Written by the controller at
+    /// creation and election, and by the leader as followers fall behind
+    /// and catch up. Absent in znodes written before replication: read as
+    /// the replica list.
+    #[serde(default)]
+    pub isr: Vec<i32>,
+}
+
+/// How the controller elects leaders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElectionPolicy {
+    /// `unclean.leader.election.enable`: a live replica outside the ISR may
+    /// lead when no ISR member is live (acknowledged records may be lost).
+    pub unclean: bool,
+    /// `auto.leader.rebalance.enable`: leadership goes back to the first
+    /// (preferred) replica once it is live and in sync.
+    pub preferred: bool,
+}
+
+impl Default for ElectionPolicy {
+    fn default() -> Self {
+        ElectionPolicy { unclean: false, preferred: true }
+    }
 }
 
 /// `/shardlog/topics/<t>`: the replica list of each partition and the
@@ -89,24 +116,44 @@ pub struct TopicAssignment {
 
 /// What the state of a partition with `replicas` should become, given the
 /// live brokers; `None` when it stays as it is.
+///
+/// Kafka's rules: a live leader in the ISR keeps leading (unless the
+/// preferred replica is live and in sync and `policy.preferred`), and dead
+/// members leave the ISR; otherwise the first replica (in replica order)
+/// that is live and in the ISR leads, with the leader epoch bumped; with
+/// none, the partition is offline and keeps its ISR (so its last leader
+/// can lead again when it returns), unless `policy.unclean` lets any live
+/// replica lead.
 #[must_use]
 pub fn next_state(
     current: &PartitionStateZnode,
     replicas: &[i32],
     live: &BTreeSet<i32>,
     controller_epoch: i32,
+    policy: ElectionPolicy,
 ) -> Option<PartitionStateZnode> {
-    let live_replica = replicas.iter().copied().find(|r| live.contains(r));
-    let (state, leader) = match live_replica {
-        Some(id) => (PartitionState::Online, id),
-        None => (PartitionState::Offline, -1),
+    let isr: Vec<i32> = if current.isr.is_empty() { replicas.to_vec() } else { current.isr.clone() };
+    let live_isr: Vec<i32> = isr.iter().copied().filter(|r| live.contains(r)).collect();
+    let in_sync = |r: &i32| live_isr.contains(r);
+    let preferred = replicas.first().copied().filter(|p| policy.preferred && in_sync(p));
+    let keeps = current.state == PartitionState::Online && current.leader >= 0 && in_sync(&current.leader);
+    let (state, leader, new_isr) = if keeps && preferred.is_none_or(|p| p == current.leader) {
+        (PartitionState::Online, current.leader, live_isr)
+    } else if let Some(l) = preferred.or_else(|| replicas.iter().copied().find(|r| in_sync(r))) {
+        (PartitionState::Online, l, live_isr)
+    } else if let Some(l) = replicas.iter().copied().find(|r| policy.unclean && live.contains(r)) {
+        tracing::warn!(leader = l, ?isr, "unclean leader election: acknowledged records may be lost");
+        (PartitionState::Online, l, vec![l])
+    } else {
+        (PartitionState::Offline, -1, isr.clone())
     };
-    if current.state == state && current.leader == leader {
+    if current.state == state && current.leader == leader && current.isr == new_isr {
         return None;
     }
     check_transition(current.state, state).ok()?;
-    let leader_epoch = if leader >= 0 { current.leader_epoch + 1 } else { current.leader_epoch };
-    Some(PartitionStateZnode { state, leader, leader_epoch, controller_epoch })
+    let new_leader = leader >= 0 && (leader != current.leader || current.state != PartitionState::Online);
+    let leader_epoch = if new_leader { current.leader_epoch + 1 } else { current.leader_epoch };
+    Some(PartitionStateZnode { state, leader, leader_epoch, controller_epoch, isr: new_isr })
 }
 
 /// Why a controller operation failed.
@@ -284,12 +331,13 @@ async fn create_topic_with(
         Write::Create { path: topic_path.clone(), data: json(&topic_path, &assignment)? },
         Write::Create { path: format!("{topic_path}/partitions"), data: Vec::new() },
     ];
-    for p in 0..replicas.len() {
+    for (p, isr) in replicas.iter().enumerate() {
         let state = PartitionStateZnode {
             state: PartitionState::New,
             leader: -1,
             leader_epoch: 0,
             controller_epoch: epoch.epoch,
+            isr: isr.clone(),
         };
         writes.push(Write::Create { path: format!("{topic_path}/partitions/{p}"), data: Vec::new() });
         let path = paths::partition_state(topic, p as u32);
@@ -410,17 +458,18 @@ pub async fn reconcile(
     client: &zkc::Client,
     epoch: &ControllerEpoch,
     live: &BTreeSet<i32>,
+    policy: ElectionPolicy,
 ) -> Result<usize, ControllerError> {
     let mut changed = 0;
     let mut writes = Vec::new();
     for topic in read_all(client).await? {
         for (p, (current, version)) in topic.states.iter().enumerate() {
             let p = p as u32;
-            if let Some(next) = next_state(current, topic.replicas(p), live, epoch.epoch) {
+            if let Some(next) = next_state(current, topic.replicas(p), live, epoch.epoch, policy) {
                 let path = paths::partition_state(&topic.name, p);
                 let data = json(&path, &next)?;
                 writes.push(Write::Set { path, data, version: *version });
-                tracing::info!(topic = %topic.name, partition = p, from = ?current.state, to = ?next.state, leader = next.leader, "partition state changed");
+                tracing::info!(topic = %topic.name, partition = p, from = ?current.state, to = ?next.state, leader = next.leader, leader_epoch = next.leader_epoch, isr = ?next.isr, "partition state changed");
                 changed += 1;
             }
         }
@@ -463,7 +512,8 @@ pub async fn request_topic(
 /// the live brokers (`placement::place`, leaders balanced against what
 /// each broker leads already), deleting each request in the same fenced
 /// multi-op. A request that cannot be met (a topic that exists, a
-/// replication factor above 1, no live broker) is deleted with a log line.
+/// replication factor above the live brokers, no live broker) is deleted
+/// with a log line.
 pub async fn serve_topic_requests(
     client: &zkc::Client,
     epoch: &ControllerEpoch,
@@ -619,24 +669,68 @@ mod tests {
         );
     }
 
+    fn znode(state: PartitionState, leader: i32, leader_epoch: i32, isr: &[i32]) -> PartitionStateZnode {
+        PartitionStateZnode { state, leader, leader_epoch, controller_epoch: 1, isr: isr.to_vec() }
+    }
+
+    fn next(
+        current: &PartitionStateZnode,
+        replicas: &[i32],
+        live: &[i32],
+        policy: ElectionPolicy,
+    ) -> Option<PartitionStateZnode> {
+        next_state(current, replicas, &live.iter().copied().collect(), 1, policy)
+    }
+
     #[test]
     fn next_state_follows_the_replicas_broker() {
-        let new = PartitionStateZnode { state: New, leader: -1, leader_epoch: 0, controller_epoch: 1 };
-        let live = BTreeSet::from([1, 2]);
-        let online = next_state(&new, &[2], &live, 3).expect("goes online");
-        assert_eq!(
-            online,
-            PartitionStateZnode { state: Online, leader: 2, leader_epoch: 1, controller_epoch: 3 }
-        );
-        assert_eq!(next_state(&online, &[2], &live, 3), None, "nothing to do");
-        let offline = next_state(&online, &[2], &BTreeSet::from([1]), 4).expect("goes offline");
-        assert_eq!(
-            offline,
-            PartitionStateZnode { state: Offline, leader: -1, leader_epoch: 1, controller_epoch: 4 }
-        );
-        let back = next_state(&offline, &[2], &live, 5).expect("back online");
+        let p = ElectionPolicy::default();
+        let new = znode(New, -1, 0, &[2]);
+        let online = next(&new, &[2], &[1, 2], p).expect("goes online");
+        assert_eq!(online, znode(Online, 2, 1, &[2]));
+        assert_eq!(next(&online, &[2], &[1, 2], p), None, "nothing to do");
+        let offline = next(&online, &[2], &[1], p).expect("goes offline");
+        assert_eq!(offline, znode(Offline, -1, 1, &[2]), "keeps its last ISR");
+        let back = next(&offline, &[2], &[1, 2], p).expect("back online");
         assert_eq!((back.state, back.leader, back.leader_epoch), (Online, 2, 2));
-        let never_live = next_state(&new, &[9], &live, 3).expect("offline from new");
+        let never_live = next(&new, &[9], &[1, 2], p).expect("offline from new");
         assert_eq!(never_live.state, Offline);
+        // Written before replication: no ISR field, read as the replicas.
+        let old: PartitionStateZnode =
+            serde_json::from_str(r#"{"state":"online","leader":2,"leader_epoch":3,"controller_epoch":1}"#)
+                .expect("old znode");
+        assert_eq!(next(&old, &[2], &[2], p), Some(znode(Online, 2, 3, &[2])), "ISR written, same epoch");
+    }
+
+    #[test]
+    fn elections_come_from_the_isr() {
+        let p = ElectionPolicy::default();
+        let online = znode(Online, 1, 4, &[1, 2, 3]);
+        // A follower dies: it leaves the ISR, the leader and epoch stay.
+        assert_eq!(next(&online, &[1, 2, 3], &[1, 2], p), Some(znode(Online, 1, 4, &[1, 2])));
+        // The leader dies: the next replica in the ISR leads, epoch bumped.
+        assert_eq!(next(&online, &[1, 2, 3], &[2, 3], p), Some(znode(Online, 2, 5, &[2, 3])));
+        // Only a replica outside the ISR is live: offline (clean), or it
+        // leads when unclean election is on.
+        let shrunk = znode(Online, 1, 4, &[1]);
+        assert_eq!(next(&shrunk, &[1, 2, 3], &[2, 3], p), Some(znode(Offline, -1, 4, &[1])));
+        let unclean = ElectionPolicy { unclean: true, ..p };
+        assert_eq!(next(&shrunk, &[1, 2, 3], &[2, 3], unclean), Some(znode(Online, 2, 5, &[2])));
+        // The last leader comes back: it leads again.
+        let down = znode(Offline, -1, 4, &[1]);
+        assert_eq!(next(&down, &[1, 2, 3], &[1, 2, 3], p), Some(znode(Online, 1, 5, &[1])));
+    }
+
+    #[test]
+    fn leadership_returns_to_the_preferred_replica_once_in_sync() {
+        let p = ElectionPolicy::default();
+        // 1 is preferred, 2 leads; 1 is live but not in sync: nothing moves.
+        let led_by_2 = znode(Online, 2, 6, &[2, 3]);
+        assert_eq!(next(&led_by_2, &[1, 2, 3], &[1, 2, 3], p), None);
+        // 1 caught up (the leader added it to the ISR): it leads again.
+        let in_sync = znode(Online, 2, 6, &[2, 3, 1]);
+        assert_eq!(next(&in_sync, &[1, 2, 3], &[1, 2, 3], p), Some(znode(Online, 1, 7, &[2, 3, 1])));
+        let no_rebalance = ElectionPolicy { preferred: false, ..p };
+        assert_eq!(next(&in_sync, &[1, 2, 3], &[1, 2, 3], no_rebalance), None);
     }
 }

@@ -11,7 +11,8 @@
 //! Brokers learn from ZooKeeper, not from controller RPCs: with one replica
 //! per partition every decision the controller makes is in ZooKeeper, and
 //! watches deliver it to every broker in one round trip, with no
-//! broker-to-broker protocol to version. Snapshots are immutable (`Arc`):
+//! controller-to-broker protocol to version (followers fetch from leaders,
+//! but who leads and who is in sync is only ever read from here). Snapshots are immutable (`Arc`):
 //! a shard swaps its pointer, nothing is shared mutably.
 
 use super::controller::{self, ControllerError, PartitionState};
@@ -29,6 +30,10 @@ pub struct PartitionInfo {
     /// -1: no live leader.
     pub leader: i32,
     pub leader_epoch: i32,
+    /// The in-sync replicas, leader included.
+    pub isr: Vec<i32>,
+    /// The state znode's version (a leader's ISR change is checked against it).
+    pub state_version: i32,
 }
 
 /// A topic of the cluster.
@@ -107,11 +112,16 @@ pub async fn read_topics(client: &zkc::Client) -> Result<BTreeMap<String, Cluste
             .states
             .iter()
             .enumerate()
-            .map(|(p, (s, _))| PartitionInfo {
-                replicas: t.replicas(p as u32).to_vec(),
-                state: s.state,
-                leader: s.leader,
-                leader_epoch: s.leader_epoch,
+            .map(|(p, (s, version))| {
+                let replicas = t.replicas(p as u32).to_vec();
+                PartitionInfo {
+                    isr: if s.isr.is_empty() { replicas.clone() } else { s.isr.clone() },
+                    replicas,
+                    state: s.state,
+                    leader: s.leader,
+                    leader_epoch: s.leader_epoch,
+                    state_version: *version,
+                }
             })
             .collect();
         topics.insert(t.name, ClusterTopic { config: t.assignment.config, partitions });
@@ -138,10 +148,22 @@ mod tests {
 
     #[test]
     fn routes_by_partition_state() {
-        let online =
-            PartitionInfo { replicas: vec![2], state: PartitionState::Online, leader: 2, leader_epoch: 3 };
-        let offline =
-            PartitionInfo { replicas: vec![3], state: PartitionState::Offline, leader: -1, leader_epoch: 1 };
+        let online = PartitionInfo {
+            replicas: vec![2],
+            isr: vec![2],
+            state: PartitionState::Online,
+            leader: 2,
+            leader_epoch: 3,
+            state_version: 0,
+        };
+        let offline = PartitionInfo {
+            replicas: vec![3],
+            isr: vec![3],
+            state: PartitionState::Offline,
+            leader: -1,
+            leader_epoch: 1,
+            state_version: 0,
+        };
         let md = ClusterMetadata {
             brokers: BTreeMap::from([(2, broker(2, 4))]),
             topics: BTreeMap::from([(

@@ -49,6 +49,11 @@ pub struct ClusterConfig {
     pub session_timeout: Duration,
     /// `broker.rack`, for rack-aware placement.
     pub rack: Option<String>,
+    /// `replica.lag.time.max.ms`: a follower not caught up for this long
+    /// leaves the ISR.
+    pub replica_lag_time_max: Duration,
+    /// How the controller elects leaders (when this broker is controller).
+    pub election: controller::ElectionPolicy,
 }
 
 /// Default `--zookeeper-session-timeout-ms`, as Kafka's 18 s.

@@ -1,15 +1,16 @@
 //! Where the controller puts a new topic's partitions: a pure function of
 //! the live brokers, their racks and the partitions each already leads.
 //!
-//! With one replica per partition (replication is the next issue) the
-//! replica is the leader. Brokers are ordered rack by rack alternately
-//! (Kafka's rack-alternating list: the first broker of each rack, then the
-//! second of each, ...), and each partition goes to the least-loaded broker,
-//! ties broken by that order starting after the previous choice. So a new
-//! topic spreads evenly (counts differ by at most one), consecutive
-//! partitions land on different racks where there are racks, and a new
-//! topic fills the brokers that lead less, which balances leaders across
-//! topics (a broker that joined later gets the partitions of new topics).
+//! The first replica of a partition is its preferred leader. Brokers are
+//! ordered rack by rack alternately (Kafka's rack-alternating list: the
+//! first broker of each rack, then the second of each, ...), and each
+//! partition's leader is the least-loaded broker, ties broken by that order
+//! starting after the previous choice; its followers are the brokers after
+//! it in that order. So a new topic spreads evenly (counts differ by at
+//! most one), a partition's replicas and consecutive partitions land on
+//! different racks where there are racks, and a new topic fills the brokers
+//! that lead less, which balances leaders across topics (a broker that
+//! joined later gets the partitions of new topics).
 
 use std::collections::BTreeMap;
 
@@ -24,8 +25,10 @@ pub struct Candidate {
 pub enum PlacementError {
     #[error("no live broker to place partitions on")]
     NoBrokers,
-    #[error("replication factor {0} is not supported yet: every partition has one replica until replication exists (use --replication-factor 1)")]
-    ReplicationFactor(u16),
+    #[error("replication factor {factor} is larger than the {live} live broker(s): every replica needs a broker of its own")]
+    ReplicationFactor { factor: u16, live: usize },
+    #[error("replication factor must be at least 1")]
+    NoReplicas,
     #[error("a topic needs at least one partition")]
     NoPartitions,
 }
@@ -59,8 +62,8 @@ pub fn place(
     brokers: &[Candidate],
     leading: &BTreeMap<i32, usize>,
 ) -> Result<Vec<Vec<i32>>, PlacementError> {
-    if replication_factor != 1 {
-        return Err(PlacementError::ReplicationFactor(replication_factor));
+    if replication_factor == 0 {
+        return Err(PlacementError::NoReplicas);
     }
     if partitions == 0 {
         return Err(PlacementError::NoPartitions);
@@ -69,6 +72,9 @@ pub fn place(
     if order.is_empty() {
         return Err(PlacementError::NoBrokers);
     }
+    if usize::from(replication_factor) > order.len() {
+        return Err(PlacementError::ReplicationFactor { factor: replication_factor, live: order.len() });
+    }
     let mut load: Vec<usize> = order.iter().map(|id| leading.get(id).copied().unwrap_or(0)).collect();
     let mut next = 0;
     let mut out = Vec::with_capacity(partitions as usize);
@@ -76,7 +82,7 @@ pub fn place(
         let n = order.len();
         let pick = (0..n).map(|k| (next + k) % n).min_by_key(|&i| load[i]).unwrap_or(0);
         load[pick] += 1;
-        out.push(vec![order[pick]]);
+        out.push((0..usize::from(replication_factor)).map(|j| order[(pick + j) % n]).collect());
         next = (pick + 1) % n;
     }
     Ok(out)
@@ -135,9 +141,29 @@ mod tests {
     }
 
     #[test]
+    fn replicas_go_to_distinct_brokers_and_racks() {
+        let b = brokers(&[(1, Some("a")), (2, Some("a")), (3, Some("b")), (4, Some("b"))]);
+        let placed = place(8, 3, &b, &BTreeMap::new()).expect("placed");
+        let rack = |id: i32| if id <= 2 { "a" } else { "b" };
+        for r in &placed {
+            assert_eq!(r.len(), 3);
+            let mut ids = r.clone();
+            ids.sort_unstable();
+            ids.dedup();
+            assert_eq!(ids.len(), 3, "distinct brokers: {r:?}");
+            assert_ne!(rack(r[0]), rack(r[1]), "leader and first follower on different racks: {r:?}");
+        }
+        assert_eq!(counts(&placed).values().copied().collect::<Vec<_>>(), vec![2, 2, 2, 2], "leaders spread");
+    }
+
+    #[test]
     fn refuses_what_it_cannot_do() {
         let b = brokers(&[(1, None)]);
-        assert_eq!(place(1, 3, &b, &BTreeMap::new()), Err(PlacementError::ReplicationFactor(3)));
+        assert_eq!(
+            place(1, 3, &b, &BTreeMap::new()),
+            Err(PlacementError::ReplicationFactor { factor: 3, live: 1 })
+        );
+        assert_eq!(place(1, 0, &b, &BTreeMap::new()), Err(PlacementError::NoReplicas));
         assert_eq!(place(1, 1, &[], &BTreeMap::new()), Err(PlacementError::NoBrokers));
         assert_eq!(place(0, 1, &b, &BTreeMap::new()), Err(PlacementError::NoPartitions));
     }

@@ -40,8 +40,39 @@ pub type ControlReply = oneshot::Sender<Result<(), TopicOpError>>;
 /// What a shard asks of the control thread.
 #[derive(Debug)]
 pub enum ControlRequest {
-    CreateTopic { name: String, request: CreateTopicRequest, reply: ControlReply },
-    DeleteTopic { name: String, reply: ControlReply },
+    CreateTopic {
+        name: String,
+        request: CreateTopicRequest,
+        reply: ControlReply,
+    },
+    DeleteTopic {
+        name: String,
+        reply: ControlReply,
+    },
+    /// A leader's ISR change: the partition state rewritten with `isr`,
+    /// if its znode still has `state_version` and `leader_epoch`.
+    AlterIsr {
+        topic: String,
+        partition: u32,
+        change: crate::replica::IsrChange,
+        reply: IsrReply,
+    },
+}
+
+/// The answer to an ISR change.
+pub type IsrReply = oneshot::Sender<Result<(), IsrError>>;
+
+/// Why an ISR change was not written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IsrError {
+    /// The state changed since the leader read it (an election, another
+    /// change): the leader waits for the metadata that shows it.
+    #[error("partition state changed since it was read (now leader {leader}, epoch {leader_epoch})")]
+    Stale { leader: i32, leader_epoch: i32 },
+    #[error("ZooKeeper: {0}")]
+    ZooKeeper(String),
+    #[error("the control thread stopped")]
+    Stopped,
 }
 
 impl ClusterLink {
@@ -74,7 +105,54 @@ impl ControlRequest {
                 let r = delete(&client, metadata, &name, deadline).await;
                 let _gone = reply.send(r);
             }
+            ControlRequest::AlterIsr { topic, partition, change, reply } => {
+                let _gone = reply.send(alter_isr(&client, &topic, partition, &change).await);
+            }
         }
+    }
+}
+
+impl ClusterLink {
+    /// Asks for an ISR change and waits for the answer.
+    pub async fn alter_isr(
+        &self,
+        topic: &str,
+        partition: u32,
+        change: crate::replica::IsrChange,
+    ) -> Result<(), IsrError> {
+        let (tx, rx) = oneshot::channel();
+        let request = ControlRequest::AlterIsr { topic: topic.to_string(), partition, change, reply: tx };
+        self.control.send(request).map_err(|_| IsrError::Stopped)?;
+        rx.await.map_err(|_| IsrError::Stopped)?
+    }
+}
+
+/// The version-checked write of a leader's ISR change (Kafka's ZooKeeper
+/// mode: the leader writes the partition state itself, conditionally).
+async fn alter_isr(
+    client: &zkc::Client,
+    topic: &str,
+    partition: u32,
+    change: &crate::replica::IsrChange,
+) -> Result<(), IsrError> {
+    let zk = |e: ControllerError| IsrError::ZooKeeper(e.to_string());
+    let (mut state, version) =
+        controller::read_partition_state(client, topic, partition).await.map_err(zk)?;
+    if version != change.state_version || state.leader_epoch != change.leader_epoch {
+        return Err(IsrError::Stale { leader: state.leader, leader_epoch: state.leader_epoch });
+    }
+    state.isr.clone_from(&change.isr);
+    let path = paths::partition_state(topic, partition);
+    let data = serde_json::to_vec(&state).map_err(|e| IsrError::ZooKeeper(e.to_string()))?;
+    match client.set_data(&path, &data, Some(version)).await {
+        Ok(_) => {
+            tracing::info!(topic, partition, isr = ?change.isr, leader_epoch = change.leader_epoch, "ISR changed");
+            Ok(())
+        }
+        Err(zkc::Error::BadVersion) => {
+            Err(IsrError::Stale { leader: state.leader, leader_epoch: state.leader_epoch })
+        }
+        Err(e) => Err(IsrError::ZooKeeper(e.to_string())),
     }
 }
 

@@ -319,7 +319,7 @@ async fn session_loop(
                 continue;
             }
         }
-        match serve_session(&client, &me, &mut control, &mut stop, &mut ready).await {
+        match serve_session(&client, &me, config.election, &mut control, &mut stop, &mut ready).await {
             SessionEnd::Stop => return close_session(client).await,
             SessionEnd::Renew => {
                 if let Ok(mut v) = control.view.lock() {
@@ -399,6 +399,7 @@ const EVENT_GATHER: Duration = Duration::from_millis(5);
 async fn serve_session(
     client: &zkc::Client,
     me: &BrokerRegistration,
+    election: controller::ElectionPolicy,
     control: &mut Control,
     stop: &mut tokio::sync::oneshot::Receiver<()>,
     ready: &mut Option<Ready>,
@@ -440,7 +441,7 @@ async fn serve_session(
                 epoch = None;
             }
             if let Some(e) = &epoch {
-                if let Err(err) = controller_round(client, e, &view).await {
+                if let Err(err) = controller_round(client, e, &view, election).await {
                     if matches!(err, controller::ControllerError::Fenced { .. }) {
                         tracing::warn!(broker = me.id, epoch = e.epoch, "fenced: a newer controller exists");
                         epoch = None;
@@ -555,13 +556,14 @@ async fn controller_round(
     client: &zkc::Client,
     epoch: &ControllerEpoch,
     view: &ClusterView,
+    election: controller::ElectionPolicy,
 ) -> Result<(), controller::ControllerError> {
     let candidates: Vec<Candidate> =
         view.brokers.values().map(|b| Candidate { id: b.id, rack: b.rack.clone() }).collect();
     controller::serve_topic_requests(client, epoch, &candidates).await?;
     controller::serve_delete_requests(client, epoch).await?;
     let live: BTreeSet<i32> = view.brokers.keys().copied().collect();
-    controller::reconcile(client, epoch, &live).await?;
+    controller::reconcile(client, epoch, &live, election).await?;
     Ok(())
 }
 

@@ -18,6 +18,9 @@ struct FetchPart {
     max_bytes: u32,
     /// Rejected while decoding (negative offset): never read.
     rejected: bool,
+    /// A follower's fetch: this broker id (else -1), and the epoch it follows.
+    replica_id: i32,
+    leader_epoch: i32,
     error: Option<PartitionError>,
     high_watermark: i64,
     log_start_offset: i64,
@@ -44,6 +47,13 @@ async fn read_part(ctx: &Rc<ShardContext>, part: &mut FetchPart, max_bytes: u32)
         return;
     }
     let owner = ctx.owner(&part.topic, part.partition);
+    if part.replica_id >= 0 && owner != ctx.id {
+        part.error = Some(PartitionError::new(
+            ErrorCode::NotLeaderOrFollower,
+            format!("replica fetches of {}-{} go to its owner shard {owner}", part.topic, part.partition),
+        ));
+        return;
+    }
     if owner == ctx.id {
         let p = match ctx.local(&part.topic, part.partition) {
             Ok(p) => p,
@@ -52,9 +62,20 @@ async fn read_part(ctx: &Rc<ShardContext>, part: &mut FetchPart, max_bytes: u32)
                 return;
             }
         };
-        part.high_watermark = p.log.high_watermark().0 as i64;
+        if part.replica_id >= 0 {
+            if let Some(e) = super::replica::check_epoch(&p, part.leader_epoch) {
+                part.error = Some(e);
+                return;
+            }
+        }
+        part.high_watermark = p.high_watermark() as i64;
         part.log_start_offset = p.log.start_offset().0 as i64;
-        match p.read(part.offset, max_bytes as usize).await {
+        let read = if part.replica_id >= 0 {
+            p.read_replica(part.offset, max_bytes as usize).await
+        } else {
+            p.read(part.offset, max_bytes as usize).await
+        };
+        match read {
             Ok(read) if read.is_empty() => {}
             Ok(read) => {
                 part.first_offset = read.first_offset.0 as i64;
@@ -110,6 +131,8 @@ pub(super) async fn fetch(ctx: &Rc<ShardContext>, corr: u32, req: wire::FetchReq
                     offset: p.fetch_offset().max(0) as u64,
                     max_bytes: p.partition_max_bytes().min(cap),
                     rejected: p.fetch_offset() < 0,
+                    replica_id: req.replica_id().max(-1),
+                    leader_epoch: p.current_leader_epoch(),
                     error: (p.fetch_offset() < 0).then(|| {
                         PartitionError::new(ErrorCode::OffsetOutOfRange, "fetch offset must not be negative")
                     }),
@@ -123,6 +146,9 @@ pub(super) async fn fetch(ctx: &Rc<ShardContext>, corr: u32, req: wire::FetchReq
                 .collect()
         })
         .unwrap_or_default();
+    if req.replica_id() >= 0 {
+        note_follower_fetches(ctx, req.replica_id(), &parts);
+    }
     loop {
         // Remember where the local partitions stood before reading, so data
         // arriving between the read and the wait is never missed.
@@ -158,6 +184,24 @@ pub(super) async fn fetch(ctx: &Rc<ShardContext>, corr: u32, req: wire::FetchReq
         let watched: Vec<(&str, u32, u64)> =
             parts.iter().map(|p| (p.topic.as_str(), p.partition, p.offset)).collect();
         wait_for_data(ctx, &watched, generations, deadline - now).await;
+    }
+}
+
+/// A follower's fetch offsets are its log ends: the leader's high
+/// watermark may move (waking consumers and `acks=all` producers).
+fn note_follower_fetches(ctx: &ShardContext, replica: i32, parts: &[FetchPart]) {
+    let now = Instant::now();
+    for part in parts.iter().filter(|p| !p.rejected) {
+        let Some(p) = ctx.partition(&part.topic, part.partition) else { continue };
+        if super::replica::check_epoch(&p, part.leader_epoch).is_some() {
+            continue;
+        }
+        // What this leader has written is what a follower can have: caught
+        // up means reaching it.
+        let written = p.log.high_watermark().0;
+        if p.replica.on_follower_fetch(replica, part.offset, written, written, now) {
+            p.data.notify();
+        }
     }
 }
 

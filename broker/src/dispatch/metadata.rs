@@ -36,6 +36,7 @@ struct PartitionRow {
     port: u16,
     leader_epoch: i32,
     replicas: Vec<i32>,
+    isr: Vec<i32>,
 }
 
 /// A partition of a broker alone: it leads everything, at epoch 0.
@@ -49,16 +50,17 @@ fn partition_alone(ctx: &ShardContext, topic: &str, p: u32) -> PartitionRow {
         port: ctx.endpoints.shard_ports[shard.0 as usize],
         leader_epoch: 0,
         replicas: vec![id],
+        isr: vec![id],
     }
 }
 
 /// A partition of the cluster, from the snapshot this shard applied.
 fn partition_in(md: &ClusterMetadata, topic: &str, p: u32) -> PartitionRow {
-    let replicas = md
+    let (replicas, isr) = md
         .topics
         .get(topic)
         .and_then(|t| t.partitions.get(p as usize))
-        .map(|i| i.replicas.clone())
+        .map(|i| (i.replicas.clone(), i.isr.clone()))
         .unwrap_or_default();
     let unavailable = |leader_epoch| PartitionRow {
         error: ErrorCode::LeaderNotAvailable,
@@ -67,6 +69,7 @@ fn partition_in(md: &ClusterMetadata, topic: &str, p: u32) -> PartitionRow {
         port: 0,
         leader_epoch,
         replicas: replicas.clone(),
+        isr: isr.clone(),
     };
     match md.route(topic, p) {
         Route::Leader { leader, leader_epoch, broker: Some(b) } => {
@@ -78,6 +81,7 @@ fn partition_in(md: &ClusterMetadata, topic: &str, p: u32) -> PartitionRow {
                 port,
                 leader_epoch,
                 replicas: replicas.clone(),
+                isr: isr.clone(),
             }
         }
         Route::Leader { leader_epoch, broker: None, .. } => unavailable(leader_epoch),
@@ -161,9 +165,7 @@ pub(super) fn metadata(ctx: &Rc<ShardContext>, corr: u32, req: Option<wire::Meta
                     Some(md) => partition_in(md, name, p),
                 };
                 let replicas = fbb.create_vector(&row.replicas);
-                // One replica each: the in-sync set is the leader (none when offline).
-                let isr: &[i32] = if row.leader >= 0 { &[row.leader] } else { &[] };
-                let isr = fbb.create_vector(isr);
+                let isr = fbb.create_vector(&row.isr);
                 wire::PartitionMetadata::create(
                     &mut fbb,
                     &wire::PartitionMetadataArgs {

@@ -40,6 +40,7 @@ pub const API_VERSIONS: &[(ApiKey, u16, u16)] = &[
     (ApiKey::DescribeGroups, 0, 0),
     (ApiKey::DeleteGroups, 0, 0),
     (ApiKey::InitProducerId, 0, 0),
+    (ApiKey::OffsetsForLeaderEpoch, 0, 0),
 ];
 
 /// Record data that follows a response envelope.
@@ -98,7 +99,7 @@ pub async fn handle(ctx: &Rc<ShardContext>, frame: wire::RequestFrame<'_>, paylo
     use crate::metrics::ApiClass;
     let class = match frame.api_key() {
         ApiKey::Produce | ApiKey::InitProducerId => ApiClass::Produce,
-        ApiKey::Fetch => ApiClass::Fetch,
+        ApiKey::Fetch | ApiKey::OffsetsForLeaderEpoch => ApiClass::Fetch,
         ApiKey::CreateTopics | ApiKey::DeleteTopics => ApiClass::Admin,
         k if k.0 >= ApiKey::FindCoordinator.0 => ApiClass::Group,
         _ => ApiClass::Metadata,
@@ -164,6 +165,11 @@ async fn handle_api(ctx: &Rc<ShardContext>, frame: wire::RequestFrame<'_>, paylo
         ApiKey::InitProducerId => Outgoing::Frame(
             produce::init_producer_id(ctx, corr, frame.body_as_init_producer_id_request()).await,
         ),
+        ApiKey::OffsetsForLeaderEpoch => Outgoing::Frame(replica::offsets_for_leader_epoch(
+            ctx,
+            corr,
+            frame.body_as_offsets_for_leader_epoch_request(),
+        )),
         _ => request_error(corr, key, ErrorCode::UnsupportedApi, "unsupported api"),
     }
 }
@@ -205,3 +211,4 @@ mod group;
 mod metadata;
 mod offsets;
 pub(crate) mod produce;
+mod replica;

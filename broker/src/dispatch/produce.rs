@@ -2,7 +2,7 @@
 
 use super::{request_error, response, Outgoing};
 use crate::partition::PartitionError;
-use crate::shard::{ShardContext, ShardOp, ShardReply};
+use crate::shard::{Acks, ShardContext, ShardOp, ShardReply};
 use flatbuffers::FlatBufferBuilder;
 use shardlog_schema::wire::{self, ApiKey, ErrorCode};
 use std::rc::Rc;
@@ -22,6 +22,7 @@ pub(crate) async fn produce_one(
     topic: &str,
     partition: u32,
     data: &[u8],
+    acks: Acks,
 ) -> ProduceOutcome {
     let result = if let Some(e) = ctx.check_served(topic, partition) {
         Err(e)
@@ -33,10 +34,10 @@ pub(crate) async fn produce_one(
     } else {
         let owner = ctx.owner(topic, partition);
         if owner == ctx.id {
-            ctx.produce_local(topic, partition, data).await
+            ctx.produce_local(topic, partition, data, acks).await
         } else {
             crate::metrics::ShardMetrics::inc(&ctx.metrics.forwarded_requests);
-            let op = ShardOp::Produce { topic: topic.to_string(), partition, batches: data.to_vec() };
+            let op = ShardOp::Produce { topic: topic.to_string(), partition, batches: data.to_vec(), acks };
             match ctx.call(owner, op).await {
                 ShardReply::Produce(r) => r,
                 _ => Err(PartitionError::new(ErrorCode::BrokerShuttingDown, "owner shard unavailable")),
@@ -53,6 +54,7 @@ pub(super) async fn produce(
     payload: &[u8],
 ) -> Outgoing {
     let acks = req.acks();
+    let waits = Acks::from_request(i16::from(acks), u64::from(req.timeout_ms()));
     let parts = req.partitions().map(|v| v.iter().collect::<Vec<_>>()).unwrap_or_default();
     let declared: u64 = parts.iter().map(|p| u64::from(p.batch_bytes())).sum();
     if declared != payload.len() as u64 {
@@ -64,7 +66,7 @@ pub(super) async fn produce(
         );
     }
     let outcomes = if let [p] = &parts[..] {
-        vec![produce_one(ctx, p.topic().unwrap_or(""), p.partition(), payload).await]
+        vec![produce_one(ctx, p.topic().unwrap_or(""), p.partition(), payload, waits).await]
     } else {
         // Partitions run concurrently (each owner group-commits on its own),
         // but each one's first step runs now, in request order: that is
@@ -77,7 +79,7 @@ pub(super) async fn produce(
             let (ctx, payload, topic) = (ctx.clone(), payload.clone(), p.topic().unwrap_or("").to_string());
             let (partition, range) = (p.partition(), pos..pos + p.batch_bytes() as usize);
             pos = range.end;
-            async move { produce_one(&ctx, &topic, partition, &payload[range]).await }
+            async move { produce_one(&ctx, &topic, partition, &payload[range], waits).await }
         });
         super::spawn_in_order(parts_in_order).await
     };

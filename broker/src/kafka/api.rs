@@ -261,6 +261,7 @@ fn partition_index(index: i32) -> Option<u32> {
 
 async fn produce(ctx: &Rc<ShardContext>, req: ProduceRequest, version: i16) -> Answer {
     let acks = req.acks;
+    let waits = crate::shard::Acks::from_request(acks, u64::try_from(req.timeout_ms).unwrap_or(0));
     // Translate first (no suspension), then append every partition's part
     // in request order (`spawn_in_order`): the order the client sent them.
     let mut parts: Vec<(String, i32, Result<Vec<u8>, PartitionError>)> = Vec::new();
@@ -295,7 +296,7 @@ async fn produce(ctx: &Rc<ShardContext>, req: ProduceRequest, version: i16) -> A
         let ctx = ctx.clone();
         async move {
             match native {
-                Ok(data) => produce_one(&ctx, &topic, index as u32, &data).await,
+                Ok(data) => produce_one(&ctx, &topic, index as u32, &data, waits).await,
                 Err(e) => ProduceOutcome { topic, partition: index as u32, result: Err(e) },
             }
         }

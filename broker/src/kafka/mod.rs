@@ -124,6 +124,8 @@ pub fn error_code(code: ErrorCode) -> i16 {
         ErrorCode::CorruptMessage => 2,
         ErrorCode::UnknownTopicOrPartition => 3,
         ErrorCode::LeaderNotAvailable => 5,
+        ErrorCode::NotEnoughReplicas => 19,
+        ErrorCode::FencedLeaderEpoch => 74,
         // Not the leader: the client refreshes metadata and retries, which
         // is what a shard that is shutting down wants too.
         ErrorCode::NotLeaderOrFollower | ErrorCode::BrokerShuttingDown => 6,

@@ -14,6 +14,7 @@
 
 use super::ShardContext;
 use crate::cluster::controller::CreateTopicRequest;
+use crate::cluster::controller::PartitionState;
 use crate::cluster::metadata::{ClusterMetadata, ClusterTopic, Route};
 use crate::cluster::request::ControlRequest;
 use crate::cluster::ClusterLink;
@@ -31,6 +32,8 @@ use std::time::{Duration, Instant};
 /// controller made it (the snapshot is published at the same moment; this
 /// is the shard's own apply).
 const LOCAL_APPLY_WAIT: Duration = Duration::from_secs(5);
+/// How often a shard looks for ISR changes its partitions want.
+const ISR_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 
 impl ShardContext {
     /// The cluster link, in cluster mode.
@@ -92,21 +95,93 @@ impl ShardContext {
                 opened_offsets = hosted.into_iter().filter(|p| self.partition(name, *p).is_some()).collect();
             }
         }
+        self.apply_roles(&md).await;
         *self.cluster_md.borrow_mut() = Some(md);
         for p in opened_offsets {
             self.groups.load_partition(self, p).await;
         }
     }
 
-    /// Follows the published snapshots until the link closes.
+    /// Sets each owned partition's replica role from the snapshot: leader
+    /// of its epoch (a new epoch is recorded in the log's history before
+    /// the first append of it), or follower of its leader (a fetcher task
+    /// starts; the previous one is told to stop). See `replica`.
+    async fn apply_roles(self: &Rc<Self>, md: &ClusterMetadata) {
+        let me = self.config.broker_id;
+        let now = Instant::now();
+        for (name, topic) in &md.topics {
+            for (i, info) in topic.partitions.iter().enumerate() {
+                let Some(p) = self.partition(name, i as u32) else { continue };
+                if info.leader == me && info.state == PartitionState::Online {
+                    if p.replica.lead(me, info, info.state_version, now) {
+                        p.leader_epoch.set(info.leader_epoch);
+                        if let Err(e) = p.log.begin_epoch(info.leader_epoch).await {
+                            tracing::warn!(topic = %name, partition = i, error = %e, "cannot record the new leader epoch");
+                        }
+                        tracing::info!(topic = %name, partition = i, epoch = info.leader_epoch, isr = ?info.isr, end = %p.log.end_offset(), "leading");
+                    }
+                    p.replica.advance_hw(p.log.high_watermark().0);
+                } else if info.replicas.contains(&me) {
+                    if let Some(stop) = p.replica.follow(info.leader, info.leader_epoch) {
+                        p.leader_epoch.set(info.leader_epoch);
+                        let task = crate::replica::fetcher::run(
+                            self.clone(),
+                            p.clone(),
+                            info.leader,
+                            info.leader_epoch,
+                            stop,
+                        );
+                        glommio::spawn_local(task).detach();
+                    }
+                }
+                // Waiting `acks=all` producers and consumers look again.
+                p.data.notify();
+            }
+        }
+    }
+
+    /// Follows the published snapshots until the link closes, and keeps the
+    /// ISR of the partitions this shard leads (`isr_loop`).
     pub(crate) async fn follow_cluster(self: Rc<Self>) {
         let Some(mut rx) = self.cluster.as_ref().map(|l| l.metadata.clone()) else { return };
-        loop {
-            if rx.changed().await.is_err() {
-                return;
+        let follow = async {
+            loop {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+                let md = rx.borrow_and_update().clone();
+                self.apply_cluster(md).await;
             }
-            let md = rx.borrow_and_update().clone();
-            self.apply_cluster(md).await;
+        };
+        futures_lite::future::zip(follow, self.clone().isr_loop()).await;
+    }
+
+    /// Every [`ISR_CHECK_INTERVAL`], asks for the ISR changes the partitions
+    /// this shard leads want (followers out of sync leave, caught-up ones
+    /// return): version-checked writes through the control thread.
+    async fn isr_loop(self: Rc<Self>) {
+        let Some(link) = self.cluster.clone() else { return };
+        let lag_max = self
+            .config
+            .cluster
+            .as_ref()
+            .map_or(crate::replica::REPLICA_LAG_TIME_MAX_DEFAULT, |c| c.replica_lag_time_max);
+        let me = self.config.broker_id;
+        loop {
+            glommio::timer::sleep(ISR_CHECK_INTERVAL).await;
+            let now = Instant::now();
+            for p in self.owned_partitions() {
+                let Some(change) = p.replica.wanted_isr_change(me, now, lag_max) else { continue };
+                let link = link.clone();
+                glommio::spawn_local(async move {
+                    tracing::info!(topic = %p.topic, partition = p.id, isr = ?change.isr, "asking for an ISR change");
+                    if let Err(e) = link.alter_isr(&p.topic, p.id, change).await {
+                        tracing::info!(topic = %p.topic, partition = p.id, error = %e, "ISR change not written");
+                        p.replica.isr_answered();
+                    }
+                })
+                .detach();
+            }
         }
     }
 

@@ -58,6 +58,27 @@ pub struct TopicSpec {
 /// Owned partitions: topic → slot per partition number (`None`: another shard's).
 type PartitionTable = HashMap<Rc<str>, Vec<Option<Rc<Partition>>>>;
 
+/// What a produce waits for before it is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acks {
+    /// The leader's append (acks 0 and 1).
+    Leader,
+    /// Every in-sync replica (acks -1), `timeout` at most.
+    All { timeout: std::time::Duration },
+}
+
+impl Acks {
+    /// From a request's `acks` and `timeout_ms`.
+    #[must_use]
+    pub fn from_request(acks: i16, timeout_ms: u64) -> Acks {
+        if acks < 0 {
+            Acks::All { timeout: std::time::Duration::from_millis(timeout_ms) }
+        } else {
+            Acks::Leader
+        }
+    }
+}
+
 /// A request from one shard to another.
 #[derive(Debug)]
 pub enum ShardOp {
@@ -65,6 +86,7 @@ pub enum ShardOp {
         topic: String,
         partition: u32,
         batches: Vec<u8>,
+        acks: Acks,
     },
     Fetch {
         topic: String,
@@ -371,6 +393,7 @@ impl ShardContext {
         self.topics.borrow_mut().remove(name);
         let slots = self.partitions.borrow_mut().remove(name).unwrap_or_default();
         for part in slots.into_iter().flatten() {
+            part.replica.stop();
             part.data.notify();
             part.log.delete().await.map_err(|source| TopicOpError::DeletePartition {
                 topic: name.to_string(),
@@ -457,8 +480,8 @@ impl ShardContext {
     /// Executes an operation on this shard.
     pub async fn handle_op(self: &Rc<Self>, op: ShardOp) -> ShardReply {
         match op {
-            ShardOp::Produce { topic, partition, batches } => {
-                ShardReply::Produce(self.produce_local(&topic, partition, &batches).await)
+            ShardOp::Produce { topic, partition, batches, acks } => {
+                ShardReply::Produce(self.produce_local(&topic, partition, &batches, acks).await)
             }
             ShardOp::Fetch { topic, partition, offset, max_bytes } => {
                 ShardReply::Fetch(self.fetch_local_copy(&topic, partition, offset, max_bytes).await)
@@ -511,14 +534,21 @@ impl ShardContext {
         topic: &str,
         partition: u32,
         batches: &[u8],
+        acks: Acks,
     ) -> Result<Appended, PartitionError> {
         if self.shutting_down.get() {
             return Err(PartitionError::new(ErrorCode::BrokerShuttingDown, "broker is shutting down"));
         }
         let p = self.local(topic, partition)?;
+        if let Acks::All { .. } = acks {
+            p.check_min_insync()?;
+        }
         let result = p.append(batches).await;
         self.metrics.count_produce(batches.len(), result.is_ok());
         let info = result?;
+        if let Acks::All { timeout } = acks {
+            p.wait_replicated(info.last_offset.0, timeout).await?;
+        }
         Ok(Appended {
             base_offset: info.base_offset.0,
             log_start_offset: info.log_start_offset.0,
@@ -588,8 +618,8 @@ impl ShardContext {
         if total + u64::from(partitions) > max {
             return Err(TopicOpError::PartitionLimit { topic: topic(), total, max });
         }
-        if replication != 1 {
-            return Err(TopicOpError::Replication { topic: topic(), replication });
+        if replication == 0 || u64::from(replication) > brokers {
+            return Err(TopicOpError::Replication { topic: topic(), replication, live: brokers as usize });
         }
         let mut config: TopicConfig = self.config.topic_defaults.clone();
         for (k, v) in configs {

@@ -1,6 +1,8 @@
 //! Shared by the end-to-end tests: start the real `shardlog serve` on
 //! 127.0.0.1 port 0 and read its ready line.
 
+pub mod cluster;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};

@@ -1,0 +1,269 @@
+//! A follower's fetcher: one task per followed partition, on the shard that
+//! owns the replica, connected straight to the leader's owning shard.
+//!
+//! 1. Connect to the leader's shard port (from its registration).
+//! 2. Truncate: ask where this log's latest epoch ends on the leader
+//!    (`OffsetsForLeaderEpoch`) and drop what lies past it here (the
+//!    smaller of the leader's end and this log's own end of the epoch the
+//!    leader answered; nothing in common drops everything).
+//! 3. Fetch from the log end with this broker's id as replica id and the
+//!    epoch it follows, append what comes unchanged, take the leader's high
+//!    watermark; again, until told to stop (a new role) or until something
+//!    goes wrong, which goes back to 1 after a pause.
+//!
+//! The leader epoch in every request fences both sides: a leader with
+//! another epoch answers `FencedLeaderEpoch`, and the follower waits for
+//! the metadata that resolves it (the shard then starts a new fetcher).
+
+use crate::cluster::metadata::ClusterMetadata;
+use crate::partition::Partition;
+use crate::shard::ShardContext;
+use flatbuffers::FlatBufferBuilder;
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::TcpStream;
+use shardlog_schema::frame::{self, FrameLimits, LENGTH_PREFIX_BYTES};
+use shardlog_schema::wire::{self, ApiKey, ErrorCode};
+use shardlog_schema::Offset;
+use std::cell::Cell;
+use std::future::Future;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// Pause after a failure before trying again.
+const RETRY: Duration = Duration::from_millis(200);
+/// How long the leader may hold a fetch with nothing new.
+const FETCH_MAX_WAIT_MS: u32 = 500;
+/// Bytes asked for per fetch (the leader caps it at its `fetch_bytes_max`).
+const FETCH_BYTES: u32 = 8 << 20;
+/// How replica requests name their sender.
+const CLIENT_ID: &str = "shardlog-replica-fetcher";
+/// Longest wait for a connection or an answer.
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a round of the fetcher ended.
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    #[error("leader broker {0} is not registered")]
+    NoLeader(i32),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("timed out waiting for the leader")]
+    Timeout,
+    #[error("bad answer from the leader: {0}")]
+    Protocol(String),
+    #[error("leader answered {code:?}: {message}")]
+    Refused { code: ErrorCode, message: String },
+    #[error("{0}")]
+    Log(#[from] crate::log::LogError),
+}
+
+/// Runs until `stop` is set.
+pub(crate) async fn run(
+    ctx: Rc<ShardContext>,
+    p: Rc<Partition>,
+    leader: i32,
+    epoch: i32,
+    stop: Rc<Cell<bool>>,
+) {
+    let me = ctx.config.broker_id;
+    tracing::info!(topic = %p.topic, partition = p.id, leader, epoch, "following");
+    let mut corr = 0u32;
+    while !stop.get() && !ctx.shutting_down.get() {
+        let round = follow_round(&ctx, &p, me, leader, epoch, &stop, &mut corr).await;
+        match round {
+            Ok(()) => {}
+            Err(FetchError::Refused { code, message }) => {
+                tracing::debug!(topic = %p.topic, partition = p.id, leader, ?code, %message, "leader refused a replica fetch");
+            }
+            Err(e) => {
+                tracing::debug!(topic = %p.topic, partition = p.id, leader, error = %e, "replica fetch failed")
+            }
+        }
+        if !stop.get() {
+            glommio::timer::sleep(RETRY).await;
+        }
+    }
+    tracing::debug!(topic = %p.topic, partition = p.id, leader, epoch, "fetcher stopped");
+}
+
+async fn follow_round(
+    ctx: &Rc<ShardContext>,
+    p: &Rc<Partition>,
+    me: i32,
+    leader: i32,
+    epoch: i32,
+    stop: &Cell<bool>,
+    corr: &mut u32,
+) -> Result<(), FetchError> {
+    let addr = {
+        let md = ctx.cluster_metadata().ok_or(FetchError::NoLeader(leader))?;
+        let broker = md.brokers.get(&leader).ok_or(FetchError::NoLeader(leader))?;
+        let (_, port) = ClusterMetadata::leader_endpoint(broker, &p.topic, p.id);
+        format!("{}:{port}", broker.host)
+    };
+    let mut conn = timed(TcpStream::connect(addr.as_str()))
+        .await?
+        .map_err(|e| std::io::Error::other(format!("connecting to the leader at {addr}: {e}")))?;
+    conn.set_nodelay(true).ok();
+    let limits = FrameLimits::default();
+    // Truncate to where this log and the leader's agree.
+    if let Some(latest) = p.log.latest_epoch() {
+        *corr = corr.wrapping_add(1);
+        let req = encode_epoch_query(*corr, &p.topic, p.id, me, latest, epoch);
+        let (header, _) = round_trip(&mut conn, &req, &limits).await?;
+        let (leader_epoch, leader_end) = decode_epoch_answer(&header, &limits)?;
+        let target = if leader_epoch < 0 {
+            p.log.start_offset()
+        } else {
+            let own_end = p.log.epoch_end_offset(leader_epoch).map_or(p.log.start_offset(), |(_, end)| end);
+            Offset(leader_end.min(own_end.0))
+        };
+        if target < p.log.end_offset() {
+            let end = p.log.truncate_at_most(target).await?;
+            tracing::warn!(topic = %p.topic, partition = p.id, leader, epoch, %end, "truncated to the leader's log");
+        }
+    }
+    while !stop.get() && !ctx.shutting_down.get() {
+        let from = p.log.end_offset().0;
+        *corr = corr.wrapping_add(1);
+        let req = encode_replica_fetch(*corr, &p.topic, p.id, me, from, epoch);
+        let (header, payload) = round_trip(&mut conn, &req, &limits).await?;
+        let frame = limits.verify_response(&header).map_err(|e| FetchError::Protocol(e.to_string()))?;
+        let body =
+            frame.body_as_fetch_response().ok_or_else(|| FetchError::Protocol("no fetch body".into()))?;
+        let part = body.partitions().and_then(|v| v.iter().next()).ok_or_else(no_partition)?;
+        check_answer(part.error(), part.error_message())?;
+        if stop.get() {
+            return Ok(());
+        }
+        let bytes = part.bytes() as usize;
+        if bytes > payload.len() {
+            return Err(FetchError::Protocol("answer shorter than it says".into()));
+        }
+        if bytes > 0 {
+            p.log.append_replica(&payload[..bytes]).await?;
+            p.data.notify();
+        }
+        let hw = part.high_watermark().max(0) as u64;
+        p.replica.set_follower_hw(hw, p.log.end_offset().0);
+    }
+    Ok(())
+}
+
+async fn timed<T>(fut: impl Future<Output = T>) -> Result<T, FetchError> {
+    use futures_lite::future::FutureExt;
+    async { Ok(fut.await) }
+        .or(async {
+            glommio::timer::sleep(IO_TIMEOUT).await;
+            Err(FetchError::Timeout)
+        })
+        .await
+}
+
+/// Sends one request and reads its answer: (envelope, payload).
+async fn round_trip(
+    conn: &mut TcpStream,
+    request: &[u8],
+    limits: &FrameLimits,
+) -> Result<(Vec<u8>, Vec<u8>), FetchError> {
+    timed(conn.write_all(request)).await??;
+    let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
+    timed(conn.read_exact(&mut prefix)).await??;
+    let len = frame::decode_prefix(prefix);
+    limits.check_header_len(len).map_err(|e| FetchError::Protocol(e.to_string()))?;
+    let mut header = vec![0u8; len as usize];
+    timed(conn.read_exact(&mut header)).await??;
+    let frame = limits.verify_response(&header).map_err(|e| FetchError::Protocol(e.to_string()))?;
+    check_answer(frame.error(), frame.error_message())?;
+    let payload_len = frame.payload_bytes();
+    limits.check_payload_len(payload_len).map_err(|e| FetchError::Protocol(e.to_string()))?;
+    let mut payload = vec![0u8; payload_len as usize];
+    timed(conn.read_exact(&mut payload)).await??;
+    Ok((header, payload))
+}
+
+fn encode_replica_fetch(corr: u32, topic: &str, partition: u32, me: i32, from: u64, epoch: i32) -> Vec<u8> {
+    let mut fbb = FlatBufferBuilder::with_capacity(256);
+    let t = fbb.create_string(topic);
+    let part = wire::FetchPartition::create(
+        &mut fbb,
+        &wire::FetchPartitionArgs {
+            topic: Some(t),
+            partition,
+            fetch_offset: from as i64,
+            partition_max_bytes: FETCH_BYTES,
+            current_leader_epoch: epoch,
+        },
+    );
+    let partitions = fbb.create_vector(&[part]);
+    let body = wire::FetchRequest::create(
+        &mut fbb,
+        &wire::FetchRequestArgs {
+            replica_id: me,
+            max_wait_ms: FETCH_MAX_WAIT_MS,
+            min_bytes: 1,
+            max_bytes: FETCH_BYTES,
+            partitions: Some(partitions),
+        },
+    );
+    frame::request_envelope(
+        fbb,
+        corr,
+        CLIENT_ID,
+        ApiKey::Fetch,
+        wire::RequestBody::FetchRequest,
+        body.as_union_value(),
+        0,
+    )
+}
+
+fn encode_epoch_query(corr: u32, topic: &str, partition: u32, me: i32, epoch: i32, current: i32) -> Vec<u8> {
+    let mut fbb = FlatBufferBuilder::with_capacity(256);
+    let t = fbb.create_string(topic);
+    let q = wire::EpochQuery::create(
+        &mut fbb,
+        &wire::EpochQueryArgs {
+            topic: Some(t),
+            partition,
+            leader_epoch: epoch,
+            current_leader_epoch: current,
+        },
+    );
+    let partitions = fbb.create_vector(&[q]);
+    let body = wire::OffsetsForLeaderEpochRequest::create(
+        &mut fbb,
+        &wire::OffsetsForLeaderEpochRequestArgs { replica_id: me, partitions: Some(partitions) },
+    );
+    frame::request_envelope(
+        fbb,
+        corr,
+        CLIENT_ID,
+        ApiKey::OffsetsForLeaderEpoch,
+        wire::RequestBody::OffsetsForLeaderEpochRequest,
+        body.as_union_value(),
+        0,
+    )
+}
+
+/// The leader's (epoch, end offset) for the one partition asked about.
+fn decode_epoch_answer(header: &[u8], limits: &FrameLimits) -> Result<(i32, u64), FetchError> {
+    let frame = limits.verify_response(header).map_err(|e| FetchError::Protocol(e.to_string()))?;
+    let body = frame
+        .body_as_offsets_for_leader_epoch_response()
+        .ok_or_else(|| FetchError::Protocol("no OffsetsForLeaderEpoch body".into()))?;
+    let part = body.partitions().and_then(|v| v.iter().next()).ok_or_else(no_partition)?;
+    check_answer(part.error(), part.error_message())?;
+    Ok((part.leader_epoch(), part.end_offset().max(0) as u64))
+}
+
+fn no_partition() -> FetchError {
+    FetchError::Protocol("no partition in the answer".into())
+}
+
+/// A partition's (or a whole frame's) error code as a `FetchError`.
+fn check_answer(code: ErrorCode, message: Option<&str>) -> Result<(), FetchError> {
+    if code == ErrorCode::None {
+        return Ok(());
+    }
+    Err(FetchError::Refused { code, message: message.unwrap_or_default().to_string() })
+}

@@ -1,0 +1,334 @@
+//! Replication with real `shardlog serve` processes on a real 3-node
+//! ZooKeeper ensemble (skipped, loudly, without ZooKeeper):
+//! - an idempotent `acks=all` producer at load while partition leaders are
+//!   SIGKILLed (and, every other time, frozen with SIGSTOP past their
+//!   session, then resumed: a zombie) and brought back: every acknowledged
+//!   record is read back once, at its offset, in order, and every replica's
+//!   log is byte-identical at the end;
+//! - a follower cut off leaves the ISR, `acks=all` goes on with the smaller
+//!   ISR, `min.insync.replicas=2` refuses with a typed error, and the
+//!   follower catches up and rejoins.
+//!
+//! `SHARDLOG_SLOW_TESTS=1` runs 20 leader failures instead of 4.
+
+#[allow(dead_code)]
+mod common;
+#[path = "../../broker/tests/common/zk.rs"]
+mod zk;
+
+use common::cluster::{rt, Node, SESSION_MS};
+use common::wait_for;
+use shardlog_client::admin::PartitionDescription;
+use shardlog_client::{
+    Acks, Admin, ClientConfig, ClientError, Consumer, ConsumerConfig, ErrorCode, Producer, ProducerConfig,
+    ProducerRecord, SeekTo,
+};
+use shardlog_schema::batch::BatchIter;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const LAG_MS: &str = "1500";
+
+fn start_cluster(connect: &str) -> Vec<Node> {
+    (1..=3).map(|id| Node::start_with(id, connect, &["--replica-lag-time-max-ms", LAG_MS])).collect()
+}
+
+fn bootstrap(nodes: &[Node]) -> String {
+    nodes.iter().filter(|n| n.child.is_some()).map(|n| n.listen.as_str()).collect::<Vec<_>>().join(",")
+}
+
+fn describe(rt: &tokio::runtime::Runtime, bootstrap: &str, topic: &str) -> Option<Vec<PartitionDescription>> {
+    rt.block_on(async {
+        // Short: a frozen broker accepts connections and never answers.
+        let config = ClientConfig {
+            request_timeout_ms: 1500,
+            connect_timeout_ms: 1500,
+            ..ClientConfig::new(bootstrap)
+        };
+        let admin = Admin::connect(config).await.ok()?;
+        admin.describe_topic(topic).await.ok().map(|d| d.partitions)
+    })
+}
+
+/// Waits until every partition of `topic` is led and its ISR holds `isr` replicas.
+fn wait_isr(rt: &tokio::runtime::Runtime, nodes: &[Node], topic: &str, isr: usize, within: Duration) {
+    let (_, took) = wait_for(&format!("{topic}: every ISR of {isr}"), within, || {
+        describe(rt, &bootstrap(nodes), topic)
+            .filter(|ps| ps.iter().all(|p| !p.offline && p.isr.len() == isr))
+            .map(|_| ())
+    });
+    eprintln!("{topic}: ISR of {isr} everywhere after {took:?}");
+}
+
+/// The batches of a partition's log on one broker, back to back, as stored.
+fn stored_log(dir: &Path, topic: &str, partition: u32) -> Vec<u8> {
+    let pdir = dir.join(format!("{topic}-{partition}"));
+    let mut segments: Vec<_> = std::fs::read_dir(&pdir)
+        .unwrap_or_else(|e| panic!("{}: {e}", pdir.display()))
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    segments.sort();
+    let mut out = Vec::new();
+    for s in segments {
+        let bytes = std::fs::read(&s).expect("segment");
+        let mut it = BatchIter::new(&bytes, 64 << 20);
+        for b in it.by_ref() {
+            let Ok((_, raw)) = b else { break };
+            out.extend_from_slice(raw);
+        }
+    }
+    out
+}
+
+/// What the producer thread saw acknowledged: (partition, offset, value).
+type Acked = Arc<Mutex<Vec<(u32, u64, String)>>>;
+
+fn producer_config(bootstrap: &str) -> ProducerConfig {
+    ProducerConfig {
+        client: ClientConfig::new(bootstrap),
+        acks: Acks::All,
+        enable_idempotence: true,
+        retries: 1_000_000,
+        delivery_timeout_ms: 60_000,
+        linger_ms: 2,
+        ..Default::default()
+    }
+}
+
+/// Sends `k{p}:{seq}` to partition `p` of `partitions` in a loop until
+/// `stop`, awaiting each delivery in a window; records what was acknowledged.
+fn spawn_producer(
+    bootstrap: String,
+    topic: &'static str,
+    partitions: u32,
+    stop: Arc<AtomicBool>,
+    acked: Acked,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let rt = rt();
+        rt.block_on(async move {
+            let producer = Producer::new(producer_config(&bootstrap)).await.expect("producer");
+            let mut seq = 0u64;
+            let mut window = std::collections::VecDeque::new();
+            while !stop.load(Ordering::Relaxed) {
+                for p in 0..partitions {
+                    let value = format!("p{p}:{seq}");
+                    let rec = ProducerRecord::new(topic, value.clone()).with_partition(p);
+                    window.push_back((p, value, producer.send(rec).await.expect("enqueue")));
+                }
+                seq += 1;
+                while window.len() > 2_000 {
+                    let (p, value, d) = window.pop_front().expect("window");
+                    let md = d.await.unwrap_or_else(|e| panic!("{value} not acknowledged: {e}"));
+                    acked.lock().expect("acked").push((p, md.offset, value));
+                }
+            }
+            for (p, value, d) in window {
+                let md = d.await.unwrap_or_else(|e| panic!("{value} not acknowledged: {e}"));
+                acked.lock().expect("acked").push((p, md.offset, value));
+            }
+            producer.close().await.expect("close");
+            seq
+        })
+    })
+}
+
+/// Reads partition `p` from the start to its end; (offset, value) in order.
+fn read_partition(
+    rt: &tokio::runtime::Runtime,
+    bootstrap: &str,
+    topic: &str,
+    p: u32,
+    end: u64,
+) -> Vec<(u64, String)> {
+    rt.block_on(async {
+        let mut consumer =
+            Consumer::new(ConsumerConfig { client: ClientConfig::new(bootstrap), ..Default::default() })
+                .await
+                .expect("consumer");
+        consumer.assign(&[(topic.to_string(), p)], SeekTo::Earliest).await.expect("assign");
+        let mut out = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while out.last().map_or(0, |(o, _): &(u64, String)| o + 1) < end {
+            assert!(Instant::now() < deadline, "partition {p}: read {} of {end}", out.len());
+            for r in consumer.poll(Duration::from_millis(500)).await.expect("poll") {
+                out.push((r.offset, String::from_utf8(r.value.to_vec()).expect("utf8")));
+            }
+        }
+        out
+    })
+}
+
+#[test]
+fn acks_all_loses_nothing_while_leaders_die_and_return() {
+    let Some(zk) = zk::Ensemble::start() else { return };
+    let connect = format!("{}/replication", zk.connect_string());
+    let rt = rt();
+    let mut nodes = start_cluster(&connect);
+    let topic = "ledger";
+    let partitions = 2u32;
+    rt.block_on(async {
+        let admin = Admin::connect(ClientConfig::new(bootstrap(&nodes))).await.expect("admin");
+        admin
+            .create_topic_replicated(topic, partitions, 3, &[("min.insync.replicas".into(), "2".into())])
+            .await
+            .expect("create RF 3");
+    });
+    wait_isr(&rt, &nodes, topic, 3, Duration::from_secs(20));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked: Acked = Arc::default();
+    let producer = spawn_producer(bootstrap(&nodes), topic, partitions, stop.clone(), acked.clone());
+    let failures = if std::env::var_os("SHARDLOG_SLOW_TESTS").is_some() { 20 } else { 4 };
+    let mut failover_times = Vec::new();
+    for round in 0..failures {
+        std::thread::sleep(Duration::from_millis(700));
+        let before = acked.lock().expect("acked").len();
+        let ps = describe(&rt, &bootstrap(&nodes), topic).expect("describe");
+        let p = (round % partitions) as usize;
+        let leader = ps[p].leader_broker;
+        let epoch = ps[p].leader_epoch;
+        let node = nodes.iter_mut().find(|n| n.id == leader).expect("leader node");
+        let zombie = round % 2 == 1;
+        let killed = Instant::now();
+        if zombie {
+            node.signal("STOP");
+        } else {
+            node.kill();
+        }
+        let others =
+            nodes.iter().filter(|n| n.id != leader).map(|n| n.listen.as_str()).collect::<Vec<_>>().join(",");
+        // A new leader from the ISR, with a newer epoch.
+        let (new_leader, _) = wait_for("a new leader", Duration::from_secs(SESSION_MS / 1000 + 15), || {
+            describe(&rt, &others, topic).and_then(|ps| {
+                (!ps[p].offline && ps[p].leader_broker != leader && ps[p].leader_epoch > epoch)
+                    .then_some(ps[p].leader_broker)
+            })
+        });
+        // The first acknowledgement after the failure.
+        let (_, _) = wait_for("acks=all after failover", Duration::from_secs(20), || {
+            (acked.lock().expect("acked").len() > before + 100).then_some(())
+        });
+        let took = killed.elapsed();
+        failover_times.push(took);
+        eprintln!("round {round}: {} broker {leader} (epoch {epoch}) -> {new_leader}; producing again after {took:?}",
+            if zombie { "froze" } else { "killed" });
+        let node = nodes.iter_mut().find(|n| n.id == leader).expect("leader node");
+        if zombie {
+            node.signal("CONT");
+        } else {
+            node.spawn();
+        }
+        wait_isr(&rt, &nodes, topic, 3, Duration::from_secs(30));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let sent_rounds = producer.join().expect("producer thread");
+    let acked = acked.lock().expect("acked").clone();
+    eprintln!("{} records acknowledged over {sent_rounds} rounds; failovers {failover_times:?}", acked.len());
+    assert!(acked.len() > 1000, "the producer made progress: {}", acked.len());
+
+    // Every acknowledged record once, at its offset, in send order.
+    let ps = describe(&rt, &bootstrap(&nodes), topic).expect("describe");
+    let mut want: BTreeMap<u32, BTreeMap<u64, String>> = BTreeMap::new();
+    for (p, offset, value) in &acked {
+        let prev = want.entry(*p).or_default().insert(*offset, value.clone());
+        assert!(prev.is_none(), "two acknowledgements at {p}/{offset}");
+    }
+    for p in 0..partitions {
+        let got = read_partition(&rt, &bootstrap(&nodes), topic, p, ps[p as usize].end_offset);
+        let values: Vec<&String> = got.iter().map(|(_, v)| v).collect();
+        let mut seen = std::collections::HashSet::new();
+        for v in &values {
+            assert!(seen.insert(*v), "partition {p}: {v} stored twice");
+        }
+        let seqs: Vec<u64> =
+            values.iter().map(|v| v.split_once(':').expect("p:seq").1.parse().expect("seq")).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "partition {p}: out of order");
+        let at: BTreeMap<u64, &String> = got.iter().map(|(o, v)| (*o, v)).collect();
+        for (offset, value) in &want[&p] {
+            assert_eq!(
+                at.get(offset).copied(),
+                Some(value),
+                "partition {p}: acknowledged {value} at {offset}"
+            );
+        }
+        eprintln!("partition {p}: {} records, {} acknowledged, all there", got.len(), want[&p].len());
+    }
+    // Every replica byte-identical (stopped cleanly first).
+    for n in &mut nodes {
+        n.stop();
+    }
+    for p in 0..partitions {
+        let logs: Vec<Vec<u8>> = nodes.iter().map(|n| stored_log(n.dir.path(), topic, p)).collect();
+        assert!(!logs[0].is_empty());
+        for (n, log) in nodes.iter().zip(&logs) {
+            assert!(
+                log == &logs[0],
+                "partition {p}: broker {}'s log differs ({} vs {} bytes)",
+                n.id,
+                log.len(),
+                logs[0].len()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_cut_off_follower_leaves_the_isr_and_min_insync_refuses() {
+    let Some(zk) = zk::Ensemble::start() else { return };
+    let connect = format!("{}/isr", zk.connect_string());
+    let rt = rt();
+    let nodes = start_cluster(&connect);
+    let topic = "pairs";
+    rt.block_on(async {
+        let admin = Admin::connect(ClientConfig::new(bootstrap(&nodes))).await.expect("admin");
+        admin.create_topic_replicated(topic, 1, 2, &[]).await.expect("create RF 2");
+        admin
+            .create_topic_replicated("strict", 1, 2, &[("min.insync.replicas".into(), "2".into())])
+            .await
+            .expect("create strict");
+    });
+    wait_isr(&rt, &nodes, topic, 2, Duration::from_secs(20));
+    wait_isr(&rt, &nodes, "strict", 2, Duration::from_secs(20));
+    let ps = describe(&rt, &bootstrap(&nodes), "strict").expect("describe");
+    let follower = *ps[0].replicas.iter().find(|&&r| r != ps[0].leader_broker).expect("follower");
+    let send = |topic: &str, value: &str| -> Result<u64, ClientError> {
+        rt.block_on(async {
+            let mut config = producer_config(&bootstrap(&nodes));
+            config.retries = 0;
+            config.enable_idempotence = false;
+            let producer = Producer::new(config).await.expect("producer");
+            let d = producer.send(ProducerRecord::new(topic, value.to_string()).with_partition(0)).await?;
+            let r = d.await.map(|m| m.offset);
+            producer.close().await.ok();
+            r
+        })
+    };
+    assert!(send("strict", "before").is_ok());
+    // Cut the follower off (frozen, within its session: it stays registered).
+    let f = nodes.iter().find(|n| n.id == follower).expect("follower node");
+    f.signal("STOP");
+    let (_, took) = wait_for("the strict ISR shrinks to the leader", Duration::from_secs(15), || {
+        describe(&rt, &bootstrap(&nodes), "strict").filter(|ps| ps[0].isr.len() == 1).map(|_| ())
+    });
+    eprintln!("ISR shrank {took:?} after the follower stopped");
+    match send("strict", "refused") {
+        Err(e) => assert_eq!(e.code(), Some(ErrorCode::NotEnoughReplicas), "{e}"),
+        Ok(o) => panic!("acks=all with 1 in-sync replica of min 2 was accepted at {o}"),
+    }
+    // A topic without the minimum goes on with the smaller ISR.
+    let pairs = describe(&rt, &bootstrap(&nodes), topic).expect("describe");
+    if pairs[0].leader_broker != follower && pairs[0].replicas.contains(&follower) {
+        wait_for("the ISR of `pairs` shrinks", Duration::from_secs(15), || {
+            describe(&rt, &bootstrap(&nodes), topic).filter(|ps| ps[0].isr.len() == 1).map(|_| ())
+        });
+        assert!(send(topic, "smaller isr").is_ok());
+    }
+    f.signal("CONT");
+    wait_isr(&rt, &nodes, "strict", 2, Duration::from_secs(30));
+    assert!(send("strict", "after").is_ok(), "accepted again once the follower is back in sync");
+}
