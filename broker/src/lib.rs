@@ -127,6 +127,8 @@ pub struct BrokerHandle {
     stop: Arc<AtomicBool>,
     threads: Vec<ExecutorJoinHandle<Result<(), String>>>,
     membership: Box<dyn cluster::Membership>,
+    /// Cluster mode: the controlled-shutdown wait at [`Self::shutdown`].
+    controlled_shutdown: Option<Duration>,
 }
 
 impl BrokerHandle {
@@ -145,6 +147,17 @@ impl BrokerHandle {
     /// Stops accepting, drains in-flight requests, flushes and closes every
     /// log (writing the clean-shutdown markers), and joins the shards.
     pub fn shutdown(self) -> Result<(), BrokerError> {
+        // In a cluster, leaderships move to other in-sync replicas first.
+        if let Some(timeout) = self.controlled_shutdown.filter(|t| !t.is_zero()) {
+            let t0 = Instant::now();
+            match self.membership.controlled_shutdown(timeout) {
+                Ok(()) => tracing::info!(
+                    took_ms = t0.elapsed().as_millis() as u64,
+                    "controlled shutdown: this broker leads no partition now"
+                ),
+                Err(e) => tracing::warn!(error = %e, "controlled shutdown incomplete; stopping anyway"),
+            }
+        }
         self.stop.store(true, Ordering::Release);
         let mut first_error = None;
         for (shard, t) in self.threads.into_iter().enumerate() {
@@ -236,6 +249,12 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
             TopicTable::new()
         }
     };
+    // Replicated partitions' high watermarks as they were (a hint, read
+    // before any shard runs; see `replica::checkpoint`).
+    let restored_hw = match &config.cluster {
+        Some(_) => Arc::new(replica::checkpoint::load(&config.data_dir, config.shards)),
+        None => Arc::default(),
+    };
     let bound = net::bind_ports_settling(&config)?;
     let (public, shards) = (bound.public_addr, config.shards);
     let shard_ports: Vec<u16> = bound.shards.iter().map(|(_, port)| *port).collect();
@@ -306,6 +325,7 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
             kafka_port: kafka_addr.map_or(0, |a| a.port()),
             host: host.clone(),
             topics: topics.clone(),
+            restored_hw: restored_hw.clone(),
             cluster: link.clone(),
             mesh: mesh.clone(),
             status: status_tx.clone(),
@@ -347,7 +367,8 @@ pub fn start(config: BrokerConfig) -> Result<BrokerHandle, BrokerError> {
         kafka_ports,
     };
     tracing::info!(listen = %public, shard_ports = ?ready.shard_ports, shards, topics = topics.len(), "broker serving");
-    Ok(BrokerHandle { ready, stop, threads, membership })
+    let controlled_shutdown = config.cluster.as_ref().map(|c| c.controlled_shutdown_timeout);
+    Ok(BrokerHandle { ready, stop, threads, membership, controlled_shutdown })
 }
 
 /// Loads the topic table, creating the internal `__consumer_offsets` topic
@@ -425,6 +446,8 @@ struct ShardSpec {
     listeners: Listeners,
     host: String,
     topics: TopicTable,
+    /// Cluster mode: the high-watermark checkpoint as loaded.
+    restored_hw: Arc<replica::checkpoint::HighWatermarks>,
     /// Cluster mode: the control thread's metadata and requests.
     cluster: Option<cluster::ClusterLink>,
     mesh: MeshBuilder<ShardMsg, glommio::channels::channel_mesh::Full>,
@@ -478,6 +501,12 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
         spec.cluster,
     );
     ctx.spawn_mesh_receivers(receivers);
+    *ctx.restored_hw.borrow_mut() = spec
+        .restored_hw
+        .iter()
+        .filter(|((topic, p), _)| ctx.owner(topic, *p) == ctx.id)
+        .map(|(k, hw)| (k.clone(), *hw))
+        .collect();
     // The admin port answers from the start: `/readyz` says 503 until every
     // shard has recovered its logs and accepts.
     let admin = spec.listeners.admin.map(|socket| {
@@ -545,6 +574,11 @@ async fn shutdown_shard(ctx: &Rc<ShardContext>, tasks: [glommio::Task<()>; 5]) -
         tracing::warn!(shard = %ctx.id, in_flight = ctx.in_flight.get(), "stopping with requests still in flight");
     }
     ctx.shutdown_sockets();
+    if ctx.cluster_link().is_some() {
+        if let Err(e) = ctx.write_hw_checkpoint().await {
+            tracing::warn!(shard = %ctx.id, error = %e, "cannot write the high-watermark checkpoint");
+        }
+    }
     let mut first_error = None;
     for p in ctx.owned_partitions() {
         if let Err(e) = p.log.close().await {

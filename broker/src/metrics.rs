@@ -106,6 +106,9 @@ pub struct ShardMetrics {
     pub rejected_frames: Cell<u64>,
     /// Connections closed by a deadline (idle, slow request, unread responses).
     pub connections_timed_out: Cell<u64>,
+    /// ISR changes applied to partitions this shard leads.
+    pub isr_shrinks: Cell<u64>,
+    pub isr_expands: Cell<u64>,
 }
 
 fn add(c: &Cell<u64>, n: u64) {
@@ -128,6 +131,15 @@ impl ShardMetrics {
             ServePath::Plain => &self.fetch_bytes_plain,
         };
         add(c, bytes as u64);
+    }
+
+    /// A leader's ISR went from `before` to `after` members.
+    pub fn count_isr_change(&self, before: usize, after: usize) {
+        match after.cmp(&before) {
+            std::cmp::Ordering::Less => add(&self.isr_shrinks, 1),
+            std::cmp::Ordering::Greater => add(&self.isr_expands, 1),
+            std::cmp::Ordering::Equal => {}
+        }
     }
 
     pub fn inc(c: &Cell<u64>) {
@@ -159,18 +171,42 @@ impl ShardMetrics {
             log_open_files: ctx.log_files().open_files() as u64,
             log_open_files_max: ctx.log_files().files_max() as u64,
             log_file_evictions: ctx.log_files().evictions(),
+            isr_shrinks: self.isr_shrinks.get(),
+            isr_expands: self.isr_expands.get(),
             high_watermarks: {
+                // Followers' are the leader's, shown by the leader.
                 let mut hw: Vec<(String, u32, u64)> = ctx
                     .owned_partitions()
                     .iter()
-                    .map(|p| (p.topic.to_string(), p.id, p.log.high_watermark().0))
+                    .filter(|p| p.replica.leads())
+                    .map(|p| (p.topic.to_string(), p.id, p.high_watermark()))
                     .collect();
                 hw.sort();
                 hw
             },
+            leaders: {
+                let mut v: Vec<LeaderSample> = ctx
+                    .owned_partitions()
+                    .iter()
+                    .filter_map(|p| {
+                        let status = p.replica.leader_status(p.log.end_offset().0)?;
+                        Some(LeaderSample { topic: p.topic.to_string(), partition: p.id, status })
+                    })
+                    .collect();
+                v.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+                v
+            },
             group_offsets: ctx.groups.committed_offsets(),
         }
     }
+}
+
+/// A partition led here, as `/metrics` shows it.
+#[derive(Debug, Clone)]
+pub struct LeaderSample {
+    pub topic: String,
+    pub partition: u32,
+    pub status: crate::replica::LeaderStatus,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -193,8 +229,13 @@ pub struct MetricsSnapshot {
     pub log_open_files: u64,
     pub log_open_files_max: u64,
     pub log_file_evictions: u64,
-    /// (topic, partition, high watermark) of every owned partition.
+    pub isr_shrinks: u64,
+    pub isr_expands: u64,
+    /// (topic, partition, high watermark) of every partition this shard
+    /// serves consumers from (alone or leading).
     pub high_watermarks: Vec<(String, u32, u64)>,
+    /// Every partition this shard leads in a cluster.
+    pub leaders: Vec<LeaderSample>,
     /// Committed offsets of the groups this shard coordinates.
     pub group_offsets: Vec<crate::group::api::GroupLag>,
 }
@@ -226,6 +267,21 @@ pub fn render(shards: &[MetricsSnapshot]) -> String {
         "counter",
         "Connections closed by a deadline (idle, slow request, unread responses).",
         &|s| s.connections_timed_out,
+    );
+    family("isr_shrinks_total", "counter", "Followers that left the ISR of a partition led here.", &|s| {
+        s.isr_shrinks
+    });
+    family(
+        "isr_expands_total",
+        "counter",
+        "Followers that rejoined the ISR of a partition led here.",
+        &|s| s.isr_expands,
+    );
+    family(
+        "under_replicated_partitions",
+        "gauge",
+        "Partitions led here whose ISR is smaller than their replica set.",
+        &|s| s.leaders.iter().filter(|l| l.status.isr < l.status.replicas).count() as u64,
     );
     family("connections", "gauge", "Open client connections.", &|s| s.connections);
     family("partitions", "gauge", "Partitions owned.", &|s| s.partitions);
@@ -280,6 +336,7 @@ fn render_partitions(out: &mut String, shards: &[MetricsSnapshot]) {
             ends.insert((topic.as_str(), *partition), *hw);
         }
     }
+    render_replication(out, shards);
     // Each family's samples together, as the text format wants.
     let mut lags = String::new();
     let _ = writeln!(
@@ -306,6 +363,37 @@ fn render_partitions(out: &mut String, shards: &[MetricsSnapshot]) {
         "# HELP shardlog_group_lag Records between the group's committed offset and the high watermark.\n# TYPE shardlog_group_lag gauge"
     );
     out.push_str(&lags);
+}
+
+/// Per partition led here: its ISR size and each follower's lag.
+fn render_replication(out: &mut String, shards: &[MetricsSnapshot]) {
+    let _ = writeln!(
+        out,
+        "# HELP shardlog_partition_in_sync_replicas In-sync replicas (leader included) of a partition led here.\n# TYPE shardlog_partition_in_sync_replicas gauge"
+    );
+    for l in shards.iter().flat_map(|s| &s.leaders) {
+        let _ = writeln!(
+            out,
+            "shardlog_partition_in_sync_replicas{{topic=\"{}\",partition=\"{}\"}} {}",
+            label(&l.topic),
+            l.partition,
+            l.status.isr
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP shardlog_follower_lag_records Records a follower is behind this leader's log end.\n# TYPE shardlog_follower_lag_records gauge"
+    );
+    for l in shards.iter().flat_map(|s| &s.leaders) {
+        for (replica, lag) in &l.status.lags {
+            let _ = writeln!(
+                out,
+                "shardlog_follower_lag_records{{topic=\"{}\",partition=\"{}\",replica=\"{replica}\"}} {lag}",
+                label(&l.topic),
+                l.partition
+            );
+        }
+    }
 }
 
 /// `shardlog_request_duration_seconds`, a Prometheus histogram per shard and API.

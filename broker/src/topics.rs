@@ -106,7 +106,7 @@ impl FileTopicStore {
     /// Replaces the file from a plain thread (start-up, before any shard
     /// runs; shards use the async `TopicStore::store`).
     pub fn store_blocking(&self, table: &TopicTable) -> Result<(), TopicsError> {
-        replace_file(&self.dir, &encode(table))
+        replace_topics_file(&self.dir, &encode(table))
     }
 }
 
@@ -134,7 +134,9 @@ impl TopicStore for FileTopicStore {
     fn store(&self, table: &TopicTable) -> BoxedLocal<Result<(), TopicsError>> {
         let bytes = encode(table);
         let dir = self.dir.clone();
-        Box::pin(async move { glommio::executor().spawn_blocking(move || replace_file(&dir, &bytes)).await })
+        Box::pin(async move {
+            glommio::executor().spawn_blocking(move || replace_topics_file(&dir, &bytes)).await
+        })
     }
 }
 
@@ -154,15 +156,38 @@ fn encode(table: &TopicTable) -> Vec<u8> {
     serde_json::to_vec_pretty(&file).expect("topic metadata serializes")
 }
 
-/// Replaces `<dir>/topics.json` with `bytes`: write a temp file, fsync it,
-/// rename it over the old one, fsync the directory. Blocking: call it off
-/// the shard executors.
-fn replace_file(dir: &Path, bytes: &[u8]) -> Result<(), TopicsError> {
-    fn io<'p>(op: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> TopicsError + 'p {
-        move |source| TopicsError::Io { op, path: path.to_path_buf(), source }
+/// Replaces `<dir>/topics.json` with `bytes` (see [`replace_file`]).
+fn replace_topics_file(dir: &Path, bytes: &[u8]) -> Result<(), TopicsError> {
+    replace_file(dir, TOPICS_FILE, bytes).map_err(|e| TopicsError::Io {
+        op: e.op,
+        path: e.path,
+        source: e.source,
+    })
+}
+
+/// A failed step of [`replace_file`].
+#[derive(Debug)]
+pub struct ReplaceError {
+    pub op: &'static str,
+    pub path: std::path::PathBuf,
+    pub source: std::io::Error,
+}
+
+impl std::fmt::Display for ReplaceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cannot {} {}: {}", self.op, self.path.display(), self.source)
     }
-    let path = dir.join(TOPICS_FILE);
-    let tmp = dir.join(format!("{TOPICS_FILE}.tmp"));
+}
+
+/// Replaces `<dir>/<name>` with `bytes` atomically and durably: write a
+/// temp file, fsync it, rename it over the old one, fsync the directory.
+/// Blocking: call it off the shard executors.
+pub(crate) fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), ReplaceError> {
+    fn io<'p>(op: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> ReplaceError + 'p {
+        move |source| ReplaceError { op, path: path.to_path_buf(), source }
+    }
+    let path = dir.join(name);
+    let tmp = dir.join(format!("{name}.tmp"));
     {
         use std::io::Write;
         let mut f = std::fs::File::create(&tmp).map_err(io("create", &tmp))?;

@@ -30,6 +30,7 @@ fn broker_config(dir: &std::path::Path, id: i32, zookeeper: &str) -> BrokerConfi
         rack: None,
         replica_lag_time_max: shardlog_broker::replica::REPLICA_LAG_TIME_MAX_DEFAULT,
         election: Default::default(),
+        controlled_shutdown_timeout: shardlog_broker::cluster::CONTROLLED_SHUTDOWN_TIMEOUT_DEFAULT,
     });
     config
 }

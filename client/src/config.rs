@@ -109,8 +109,10 @@ pub struct ProducerConfig {
     /// Idempotent producing (Kafka's `enable.idempotence`): the producer gets
     /// a producer id from the broker at start, its batches carry it and
     /// per-partition sequence numbers, and the partition leader stores a
-    /// retried batch once and never appends a batch out of order. Off by
-    /// default (one InitProducerId round trip at start).
+    /// retried batch once and never appends a batch out of order. On by
+    /// default, as in Kafka since 3.0 (it costs one InitProducerId round
+    /// trip at start); ignored with `Acks::None`, where no answer could
+    /// tell a duplicate or a gap.
     pub enable_idempotence: bool,
 }
 
@@ -135,7 +137,7 @@ impl Default for ProducerConfig {
             delivery_timeout_ms: DELIVERY_TIMEOUT_MS_DEFAULT,
             partitioner: None,
             request_bytes_max: REQUEST_BYTES_MAX_DEFAULT,
-            enable_idempotence: false,
+            enable_idempotence: true,
         }
     }
 }

@@ -179,8 +179,11 @@ pub async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
         max_in_flight: p.max_in_flight.unwrap_or(defaults.max_in_flight),
         retries: p.retries.unwrap_or(defaults.retries),
         delivery_timeout_ms: p.delivery_timeout_ms.unwrap_or(defaults.delivery_timeout_ms),
-        enable_idempotence: args.enable_idempotence
-            || p.enable_idempotence.unwrap_or(defaults.enable_idempotence),
+        enable_idempotence: match (args.enable_idempotence, args.no_idempotence) {
+            (true, _) => true,
+            (_, true) => false,
+            _ => p.enable_idempotence.unwrap_or(defaults.enable_idempotence),
+        },
         ..defaults
     };
     let producer =

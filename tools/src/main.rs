@@ -82,6 +82,18 @@ pub enum ClusterCommand {
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         output: OutputFormat,
     },
+    /// Preferred-leader election: each partition whose first replica is
+    /// live and in sync is led by it again (after a failover, with
+    /// `--no-auto-leader-rebalance`). Every partition unless `--topic`.
+    ElectLeaders {
+        #[arg(long, env = "SHARDLOG_ZOOKEEPER", value_name = "HOST:PORT[,..][/chroot]")]
+        zookeeper: String,
+        #[arg(long)]
+        topic: Option<String>,
+        /// With --topic: only this partition.
+        #[arg(long, requires = "topic")]
+        partition: Option<u32>,
+    },
 }
 
 /// Connection settings every client command takes.
@@ -195,10 +207,14 @@ pub struct ProduceArgs {
     pub linger_ms: Option<u64>,
     #[arg(long)]
     pub batch_bytes: Option<usize>,
-    /// Idempotent producing: each record stored once and in order across
-    /// retries (the producer asks the broker for a producer id first)
-    #[arg(long)]
+    /// Idempotent producing, the default: each record stored once and in
+    /// order across retries (the producer asks the broker for a producer id
+    /// first). Kept for scripts written when it was off by default.
+    #[arg(long, conflicts_with = "no_idempotence")]
     pub enable_idempotence: bool,
+    /// Turn idempotent producing off [enable_idempotence = false].
+    #[arg(long)]
+    pub no_idempotence: bool,
     #[command(flatten)]
     pub client: ClientArgs,
     #[command(flatten)]

@@ -80,6 +80,11 @@ pub struct ServeArgs {
     /// Read by the controller.
     #[arg(long)]
     no_auto_leader_rebalance: bool,
+    /// At SIGTERM or SIGINT, wait this long at most for the controller to
+    /// move this broker's leaderships to other in-sync replicas before
+    /// stopping; 0 stops at once [controlled.shutdown; 30000].
+    #[arg(long, value_name = "MS")]
+    controlled_shutdown_timeout_ms: Option<u64>,
     /// Do not pin shards to cores.
     #[arg(long)]
     no_pin_cores: bool,
@@ -216,16 +221,21 @@ pub fn build_config(args: ServeArgs) -> anyhow::Result<BrokerConfig> {
                 unclean: args.unclean_leader_election || file.unclean_leader_election.unwrap_or(false),
                 preferred: !args.no_auto_leader_rebalance && file.auto_leader_rebalance.unwrap_or(true),
             },
+            controlled_shutdown_timeout: args
+                .controlled_shutdown_timeout_ms
+                .or(file.controlled_shutdown_timeout_ms)
+                .map_or(shardlog_broker::cluster::CONTROLLED_SHUTDOWN_TIMEOUT_DEFAULT, Duration::from_millis),
         });
     } else if args.zookeeper_session_timeout_ms.is_some()
         || args.rack.is_some()
         || args.replica_lag_time_max_ms.is_some()
         || args.unclean_leader_election
         || args.no_auto_leader_rebalance
+        || args.controlled_shutdown_timeout_ms.is_some()
     {
         bail!(
-            "--zookeeper-session-timeout-ms, --rack, --replica-lag-time-max-ms, --unclean-leader-election \
-             and --no-auto-leader-rebalance need --zookeeper"
+            "--zookeeper-session-timeout-ms, --rack, --replica-lag-time-max-ms, --unclean-leader-election, \
+             --no-auto-leader-rebalance and --controlled-shutdown-timeout-ms need --zookeeper"
         );
     }
     config.pin_cores = !args.no_pin_cores && file.pin_cores.unwrap_or(true);

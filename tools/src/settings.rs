@@ -20,6 +20,7 @@
 //! replica_lag_time_max_ms = 10000
 //! unclean_leader_election = false
 //! auto_leader_rebalance = true
+//! controlled_shutdown_timeout_ms = 30000
 //! [serve.topic_defaults]          # Kafka names, as for `topic create --config`
 //! "retention.ms" = "86400000"
 //!
@@ -69,6 +70,7 @@ pub struct ServeSettings {
     pub replica_lag_time_max_ms: Option<u64>,
     pub unclean_leader_election: Option<bool>,
     pub auto_leader_rebalance: Option<bool>,
+    pub controlled_shutdown_timeout_ms: Option<u64>,
     pub pin_cores: Option<bool>,
     pub header_bytes_max: Option<u32>,
     pub request_payload_bytes_max: Option<u32>,

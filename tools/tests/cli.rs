@@ -128,7 +128,7 @@ fn topic_create_list_describe_delete() {
     let rows: Vec<Vec<&str>> = out
         .lines()
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .filter(|w| w.len() == 7 && w[0].parse::<u32>().is_ok())
+        .filter(|w| w.len() == 9 && w[0].parse::<u32>().is_ok())
         .collect();
     assert_eq!(rows.len(), 4, "{out}");
     for row in &rows {
@@ -136,6 +136,8 @@ fn topic_create_list_describe_delete() {
         assert_ne!(port, 0);
         let end = if row[0] == "2" { "3" } else { "0" };
         assert_eq!((row[4], row[5]), ("0", end), "start and end offsets of partition {}", row[0]);
+        // One broker: the only replica is the leader, and it is in sync.
+        assert_eq!((row[6], row[7]), (row[1], row[1]), "replicas and ISR of partition {}", row[0]);
     }
 
     let listed: serde_json::Value =
@@ -381,11 +383,11 @@ fn log_format_json_writes_one_object_per_line_with_the_connection_span() {
 }
 
 #[test]
-fn produce_enable_idempotence_stamps_batches_with_a_producer_id() {
+fn produce_is_idempotent_by_default_and_stamps_batches_with_a_producer_id() {
     let broker = Broker::start();
     broker.ok(&["topic", "create", "idem"], "");
-    broker.ok(&["produce", "idem", "--enable-idempotence"], "one\ntwo\n");
-    broker.ok(&["produce", "idem"], "plain\n");
+    broker.ok(&["produce", "idem"], "one\ntwo\n");
+    broker.ok(&["produce", "idem", "--no-idempotence"], "plain\n");
     let segment = broker.dir.path().join("idem-0").join(format!("{:020}.log", 0));
     let out = broker.ok(&["log", "dump", segment.to_str().expect("utf8")], "");
     let ids: Vec<&str> =

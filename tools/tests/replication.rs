@@ -7,7 +7,11 @@
 //!   log is byte-identical at the end;
 //! - a follower cut off leaves the ISR, `acks=all` goes on with the smaller
 //!   ISR, `min.insync.replicas=2` refuses with a typed error, and the
-//!   follower catches up and rejoins.
+//!   follower catches up and rejoins;
+//! - a SIGTERMed leader hands its leaderships off before it exits (controlled
+//!   shutdown) and checkpoints its high watermarks; with automatic
+//!   rebalance off, `cluster elect-leaders` gives leadership back to the
+//!   preferred replicas.
 //!
 //! `SHARDLOG_SLOW_TESTS=1` runs 20 leader failures instead of 4.
 
@@ -316,6 +320,14 @@ fn a_cut_off_follower_leaves_the_isr_and_min_insync_refuses() {
         describe(&rt, &bootstrap(&nodes), "strict").filter(|ps| ps[0].isr.len() == 1).map(|_| ())
     });
     eprintln!("ISR shrank {took:?} after the follower stopped");
+    // The leader's metrics say so.
+    let leader = nodes.iter().find(|n| n.id == ps[0].leader_broker).expect("leader node");
+    let strict = "topic=\"strict\",partition=\"0\"";
+    assert_eq!(leader.metric("shardlog_partition_in_sync_replicas", strict), Some(1));
+    assert!(leader.metric("shardlog_under_replicated_partitions", "shard=\"0\"").is_some_and(|n| n >= 1));
+    assert!(leader.metric("shardlog_isr_shrinks_total", "shard=\"0\"").is_some_and(|n| n >= 1));
+    let lag_label = format!("{strict},replica=\"{follower}\"");
+    assert!(leader.metric("shardlog_follower_lag_records", &lag_label).is_some(), "{}", leader.metrics());
     match send("strict", "refused") {
         Err(e) => assert_eq!(e.code(), Some(ErrorCode::NotEnoughReplicas), "{e}"),
         Ok(o) => panic!("acks=all with 1 in-sync replica of min 2 was accepted at {o}"),
@@ -331,4 +343,158 @@ fn a_cut_off_follower_leaves_the_isr_and_min_insync_refuses() {
     f.signal("CONT");
     wait_isr(&rt, &nodes, "strict", 2, Duration::from_secs(30));
     assert!(send("strict", "after").is_ok(), "accepted again once the follower is back in sync");
+    assert_eq!(leader.metric("shardlog_partition_in_sync_replicas", strict), Some(2));
+    assert!(leader.metric("shardlog_isr_expands_total", "shard=\"0\"").is_some_and(|n| n >= 1));
+}
+
+/// Reads a broker's high-watermark checkpoint: (topic, partition) -> hw.
+fn checkpoint(dir: &Path) -> BTreeMap<(String, u32), u64> {
+    let text = std::fs::read_to_string(dir.join("high-watermark.shard-0")).unwrap_or_default();
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let mut w = l.split(' ');
+            Some(((w.next()?.to_string(), w.next()?.parse().ok()?), w.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn a_clean_stop_hands_leadership_off_and_elect_leaders_brings_it_back() {
+    let Some(zk) = zk::Ensemble::start() else { return };
+    let connect = format!("{}/handoff", zk.connect_string());
+    let rt = rt();
+    let mut nodes: Vec<Node> = (1..=3)
+        .map(|id| {
+            Node::start_with(
+                id,
+                &connect,
+                &["--replica-lag-time-max-ms", LAG_MS, "--no-auto-leader-rebalance"],
+            )
+        })
+        .collect();
+    let topic = "handoff";
+    let partitions = 3u32;
+    rt.block_on(async {
+        let admin = Admin::connect(ClientConfig::new(bootstrap(&nodes))).await.expect("admin");
+        admin.create_topic_replicated(topic, partitions, 3, &[]).await.expect("create RF 3");
+    });
+    wait_isr(&rt, &nodes, topic, 3, Duration::from_secs(20));
+    let before = describe(&rt, &bootstrap(&nodes), topic).expect("describe");
+    let leaving = before[0].leader_broker;
+    let led: Vec<usize> = (0..before.len()).filter(|&p| before[p].leader_broker == leaving).collect();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked: Acked = Arc::default();
+    let producer = spawn_producer(bootstrap(&nodes), topic, partitions, stop.clone(), acked.clone());
+    wait_for("the producer gets going", Duration::from_secs(20), || {
+        (acked.lock().expect("acked").len() > 5_000).then_some(())
+    });
+
+    // SIGTERM the leader of partition 0: it hands its leaderships off
+    // before it stops, so when it has exited none names it leader.
+    // A watcher notes when the other brokers first show the hand-off.
+    let others: String =
+        nodes.iter().filter(|n| n.id != leaving).map(|n| n.listen.as_str()).collect::<Vec<_>>().join(",");
+    let watching = Arc::new(AtomicBool::new(true));
+    let watcher = {
+        let (others, watching, led) = (others.clone(), watching.clone(), led.clone());
+        std::thread::spawn(move || {
+            let rt = common::cluster::rt();
+            while watching.load(Ordering::Relaxed) {
+                let moved = describe(&rt, &others, topic)
+                    .is_some_and(|ps| led.iter().all(|&p| ps[p].leader_broker != leaving));
+                if moved {
+                    return Some(Instant::now());
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            None
+        })
+    };
+    let node = nodes.iter_mut().find(|n| n.id == leaving).expect("leaving node");
+    let t0 = Instant::now();
+    node.stop();
+    let exited = Instant::now();
+    let stopped_in = exited - t0;
+    std::thread::sleep(Duration::from_millis(500));
+    watching.store(false, Ordering::Relaxed);
+    let moved = watcher.join().expect("watcher").expect("the hand-off shows within 500 ms of the exit");
+    // Handed off while the broker still ran (a stop without controlled
+    // shutdown closes the session last: the controller moves leadership
+    // only after that).
+    assert!(moved <= exited, "leadership moved {:?} after the broker exited", moved - exited);
+    // The other brokers' metadata follows ZooKeeper within milliseconds.
+    let (after, _) = wait_for("the hand-off in the metadata", Duration::from_secs(1), || {
+        describe(&rt, &others, topic).filter(|ps| led.iter().all(|&p| ps[p].leader_broker != leaving))
+    });
+    for &p in &led {
+        assert_ne!(after[p].leader_broker, leaving, "partition {p} still led by the stopped broker");
+        assert!(after[p].leader_epoch > before[p].leader_epoch, "partition {p}: a new epoch");
+        assert!(!after[p].isr.contains(&leaving), "partition {p}: the stopped broker left the ISR");
+    }
+    // Producing never paused for long (no session timeout to wait out).
+    let n_before = acked.lock().expect("acked").len();
+    let (_, resumed) = wait_for("acks=all after the hand-off", Duration::from_secs(10), || {
+        (acked.lock().expect("acked").len() > n_before + 100).then_some(())
+    });
+    eprintln!(
+        "broker {leaving} stopped in {stopped_in:?}, its leaderships moved {:?} before it exited; producing again {resumed:?} after",
+        exited - moved
+    );
+    assert!(resumed < Duration::from_millis(SESSION_MS), "acks resumed only after {resumed:?}");
+    // Its clean stop checkpointed every replicated partition's high watermark.
+    let node = nodes.iter_mut().find(|n| n.id == leaving).expect("leaving node");
+    let hw = checkpoint(node.dir.path());
+    for p in 0..partitions {
+        let v = hw.get(&(topic.to_string(), p)).copied();
+        assert!(v.is_some_and(|v| v > 0), "partition {p}: checkpointed high watermark {v:?}: {hw:?}");
+    }
+
+    // Back: it rejoins every ISR, but (no auto rebalance) leads nothing
+    // until `cluster elect-leaders` puts preferred replicas back in charge.
+    node.spawn();
+    wait_isr(&rt, &nodes, topic, 3, Duration::from_secs(30));
+    let rejoined = describe(&rt, &bootstrap(&nodes), topic).expect("describe");
+    assert!(rejoined.iter().all(|p| p.leader_broker != leaving), "no automatic rebalance: {rejoined:?}");
+    let out = std::process::Command::new(common::BIN)
+        .args(["cluster", "elect-leaders", "--zookeeper", &connect, "--topic", topic])
+        .output()
+        .expect("elect-leaders");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains(&format!("{partitions} of {partitions} partition(s) led by their preferred replica")),
+        "{text}"
+    );
+    let (_, took) = wait_for("preferred leaders in the metadata", Duration::from_secs(10), || {
+        describe(&rt, &bootstrap(&nodes), topic)
+            .filter(|ps| ps.iter().all(|p| !p.offline && p.leader_broker == p.replicas[0]))
+            .map(|_| ())
+    });
+    eprintln!("preferred leaders back {took:?} after elect-leaders answered");
+    let bad = std::process::Command::new(common::BIN)
+        .args(["cluster", "elect-leaders", "--zookeeper", &connect, "--topic", "nope"])
+        .output()
+        .expect("elect-leaders");
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("topic `nope` does not exist"));
+
+    // Nothing acknowledged was lost through the hand-off and the return.
+    stop.store(true, Ordering::Relaxed);
+    producer.join().expect("producer thread");
+    let acked = acked.lock().expect("acked").clone();
+    let ps = describe(&rt, &bootstrap(&nodes), topic).expect("describe");
+    for p in 0..partitions {
+        let got: BTreeMap<u64, String> =
+            read_partition(&rt, &bootstrap(&nodes), topic, p, ps[p as usize].end_offset)
+                .into_iter()
+                .collect();
+        let mine: Vec<&(u32, u64, String)> = acked.iter().filter(|(q, _, _)| *q == p).collect();
+        for (_, offset, value) in &mine {
+            assert_eq!(got.get(offset), Some(value), "partition {p}: acknowledged {value} at {offset}");
+        }
+        assert_eq!(got.len() as u64, ps[p as usize].end_offset, "partition {p}: no gaps or duplicates");
+        eprintln!("partition {p}: {} acknowledged records all there", mine.len());
+    }
 }

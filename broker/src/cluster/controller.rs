@@ -482,6 +482,85 @@ pub async fn reconcile(
     Ok(changed)
 }
 
+/// A preferred-leader election asked for by `cluster elect-leaders`
+/// (`/shardlog/admin/preferred_election`): the partitions named, or every
+/// partition when `partitions` is empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreferredElectionRequest {
+    #[serde(default)]
+    pub partitions: Vec<(String, u32)>,
+}
+
+/// Asks the controller for a preferred-leader election (any broker or tool
+/// may call this); `Err(Conflict)` while an earlier one is pending.
+pub async fn request_preferred_election(
+    client: &zkc::Client,
+    request: &PreferredElectionRequest,
+) -> Result<(), ControllerError> {
+    let path = paths::PREFERRED_ELECTION;
+    let data = json(path, request)?;
+    let persistent = zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all());
+    match client.create(path, &data, &persistent).await {
+        Ok(_) => Ok(()),
+        Err(zkc::Error::NodeExists) => Err(ControllerError::Conflict { path: path.to_string() }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The controller's side of [`request_preferred_election`]: each named
+/// partition whose first replica is live and in the ISR is led by it (the
+/// leader epoch bumped), whatever `auto.leader.rebalance.enable` says; the
+/// request goes in the last fenced write. Partitions it cannot move are
+/// logged (`cluster status` shows who leads).
+pub async fn serve_preferred_election(
+    client: &zkc::Client,
+    epoch: &ControllerEpoch,
+    live: &BTreeSet<i32>,
+    policy: ElectionPolicy,
+) -> Result<usize, ControllerError> {
+    let path = paths::PREFERRED_ELECTION;
+    let request: PreferredElectionRequest = match client.get_data(path).await {
+        Ok((data, _)) => serde_json::from_slice(&data).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "unreadable preferred-election request: electing every partition");
+            PreferredElectionRequest::default()
+        }),
+        Err(zkc::Error::NoNode) => return Ok(0),
+        Err(e) => return Err(e.into()),
+    };
+    let wanted = |topic: &str, p: u32| {
+        request.partitions.is_empty() || request.partitions.iter().any(|(t, q)| t == topic && *q == p)
+    };
+    let preferred = ElectionPolicy { preferred: true, ..policy };
+    let mut writes = Vec::new();
+    for topic in read_all(client).await? {
+        for (p, (current, version)) in topic.states.iter().enumerate() {
+            let p = p as u32;
+            if !wanted(&topic.name, p) {
+                continue;
+            }
+            match next_state(current, topic.replicas(p), live, epoch.epoch, preferred) {
+                Some(next) => {
+                    let path = paths::partition_state(&topic.name, p);
+                    let data = json(&path, &next)?;
+                    tracing::info!(topic = %topic.name, partition = p, leader = next.leader, leader_epoch = next.leader_epoch, "preferred leader elected");
+                    writes.push(Write::Set { path, data, version: *version });
+                }
+                None if current.leader != topic.replicas(p).first().copied().unwrap_or(-1) => tracing::info!(
+                    topic = %topic.name, partition = p, leader = current.leader,
+                    "preferred replica not live or not in sync: leadership stays"
+                ),
+                None => {}
+            }
+        }
+    }
+    let elected = writes.len();
+    writes.push(Write::Delete { path: path.to_string(), version: -1 });
+    for chunk in writes.chunks(RECONCILE_WRITES_PER_COMMIT) {
+        fenced_write(client, epoch, chunk).await?;
+    }
+    Ok(elected)
+}
+
 /// A request to create a topic, left by any broker (or tool) in
 /// `/shardlog/admin/create_topics/<topic>` for the controller.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

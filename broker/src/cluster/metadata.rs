@@ -52,6 +52,9 @@ pub struct ClusterMetadata {
     pub brokers: BTreeMap<i32, BrokerRegistration>,
     pub controller: Option<ControllerInfo>,
     pub topics: BTreeMap<String, ClusterTopic>,
+    /// Brokers in controlled shutdown: registered, but leading nothing and
+    /// in no ISR; their followers stop fetching.
+    pub shutting_down: std::collections::BTreeSet<i32>,
 }
 
 /// Where a partition is served, as a broker sees it.

@@ -54,7 +54,15 @@ pub struct ClusterConfig {
     pub replica_lag_time_max: Duration,
     /// How the controller elects leaders (when this broker is controller).
     pub election: controller::ElectionPolicy,
+    /// Controlled shutdown (Kafka's `controlled.shutdown.enable`): at a
+    /// clean stop the broker first has the controller move its leaderships
+    /// to other in-sync replicas, waiting this long at most; zero stops
+    /// without it (partitions it leads wait for its session to end).
+    pub controlled_shutdown_timeout: Duration,
 }
+
+/// Default `--controlled-shutdown-timeout-ms`.
+pub const CONTROLLED_SHUTDOWN_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 
 /// Default `--zookeeper-session-timeout-ms`, as Kafka's 18 s.
 pub const SESSION_TIMEOUT_DEFAULT: Duration = Duration::from_secs(18);
@@ -139,6 +147,14 @@ pub trait Membership: Send {
     /// for a broker alone (its shards keep `topics.json`).
     fn link(&self) -> Option<ClusterLink> {
         None
+    }
+    /// Controlled shutdown, before the shards stop: marks this broker as
+    /// shutting down, so that the controller moves every leadership it
+    /// holds to another in-sync replica (and takes it out of every ISR),
+    /// and waits until the metadata shows it leads nothing, `timeout` at
+    /// most. Alone: nothing to do.
+    fn controlled_shutdown(&self, _timeout: Duration) -> Result<(), String> {
+        Ok(())
     }
     /// Leaves the cluster (closes the session: ephemerals go at once).
     fn shutdown(self: Box<Self>);

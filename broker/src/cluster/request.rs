@@ -57,6 +57,12 @@ pub enum ControlRequest {
         change: crate::replica::IsrChange,
         reply: IsrReply,
     },
+    /// This broker's controlled shutdown (see `Membership::controlled_shutdown`).
+    ControlledShutdown {
+        broker: i32,
+        timeout: Duration,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
 }
 
 /// The answer to an ISR change.
@@ -108,8 +114,47 @@ impl ControlRequest {
             ControlRequest::AlterIsr { topic, partition, change, reply } => {
                 let _gone = reply.send(alter_isr(&client, &topic, partition, &change).await);
             }
+            ControlRequest::ControlledShutdown { broker, timeout, reply } => {
+                let _gone = reply.send(controlled_shutdown(&client, metadata, broker, timeout).await);
+            }
         }
     }
+}
+
+/// Marks `broker` as shutting down (an ephemeral znode: it goes with the
+/// session) and waits until the published metadata shows the controller
+/// saw it and `broker` leads no partition.
+async fn controlled_shutdown(
+    client: &zkc::Client,
+    metadata: watch::Receiver<Arc<ClusterMetadata>>,
+    broker: i32,
+    timeout: Duration,
+) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    let ephemeral = zkc::CreateMode::Ephemeral.with_acls(zkc::Acls::anyone_all());
+    let path = paths::shutting_down(broker);
+    let mark = client.create(&path, b"", &ephemeral);
+    match tokio::time::timeout(timeout, mark).await {
+        Ok(Ok(_) | Err(zkc::Error::NodeExists)) => {}
+        Ok(Err(e)) => return Err(format!("cannot mark the broker as shutting down: {e}")),
+        Err(_) => return Err(format!("ZooKeeper did not answer within {} ms", timeout.as_millis())),
+    }
+    let leads = |md: &ClusterMetadata| {
+        md.topics
+            .values()
+            .flat_map(|t| &t.partitions)
+            .filter(|p| p.leader == broker && p.state == PartitionState::Online)
+            .count()
+    };
+    let done = |md: &ClusterMetadata| md.shutting_down.contains(&broker) && leads(md) == 0;
+    if wait_metadata(metadata.clone(), done, deadline).await.is_some() {
+        return Ok(());
+    }
+    Err(format!(
+        "still leading {} partition(s) after {} ms (is a controller running?)",
+        leads(&metadata.borrow()),
+        timeout.as_millis()
+    ))
 }
 
 impl ClusterLink {

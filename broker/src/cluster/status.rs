@@ -1,6 +1,7 @@
 //! What `shardlog cluster status` shows, read straight from ZooKeeper:
 //! cluster id, controller and epoch, live brokers with their addresses,
-//! shards and partition counts, and the partitions without a live leader.
+//! shards and partition counts, the partitions without a live leader and
+//! the under-replicated ones.
 
 use super::controller::{self, ControllerError, PartitionState};
 use super::zk::paths;
@@ -17,6 +18,23 @@ pub struct ClusterStatus {
     pub topics: usize,
     pub partitions: usize,
     pub offline_partitions: Vec<OfflinePartition>,
+    /// Online partitions whose ISR is smaller than their replica set.
+    pub under_replicated_partitions: Vec<PartitionStatus>,
+    /// Online partitions led by a replica other than their first (the
+    /// preferred one): `cluster elect-leaders` moves them back.
+    pub not_led_by_preferred_replica: usize,
+}
+
+/// One partition as ZooKeeper has it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionStatus {
+    pub topic: String,
+    pub partition: u32,
+    pub replicas: Vec<i32>,
+    pub isr: Vec<i32>,
+    pub leader: i32,
+    pub leader_epoch: i32,
+    pub state: PartitionState,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -27,6 +45,8 @@ pub struct BrokerStatus {
     pub partitions: usize,
     /// Partitions whose state names it leader.
     pub leading: usize,
+    /// In controlled shutdown (leadership moving away).
+    pub shutting_down: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -60,34 +80,45 @@ pub async fn read_status(client: &zkc::Client) -> Result<ClusterStatus, Controll
             Ok((data, _)) => {
                 let registration: BrokerRegistration =
                     serde_json::from_slice(&data).map_err(|source| ControllerError::Json { path, source })?;
-                brokers.insert(n, BrokerStatus { registration, partitions: 0, leading: 0 });
+                brokers.insert(
+                    n,
+                    BrokerStatus { registration, partitions: 0, leading: 0, shutting_down: false },
+                );
             }
             Err(zkc::Error::NoNode) => {}
             Err(e) => return Err(e.into()),
         }
     }
-    let topics = absent_is_empty(client.list_children(paths::TOPICS).await)?;
-    let (mut partitions, mut offline_partitions) = (0, Vec::new());
-    for topic in &topics {
-        let assignment = controller::read_topic(client, topic).await?;
-        for (p, replicas) in &assignment.partitions {
-            let Ok(p) = p.parse::<u32>() else { continue };
-            partitions += 1;
-            for r in replicas {
-                if let Some(b) = brokers.get_mut(r) {
-                    b.partitions += 1;
+    let all = read_partitions(client).await?;
+    let topics: std::collections::BTreeSet<&str> = all.iter().map(|p| p.topic.as_str()).collect();
+    let (mut offline_partitions, mut under_replicated, mut not_preferred) = (Vec::new(), Vec::new(), 0);
+    for p in &all {
+        for r in &p.replicas {
+            if let Some(b) = brokers.get_mut(r) {
+                b.partitions += 1;
+            }
+        }
+        match brokers.get_mut(&p.leader) {
+            Some(b) if p.state == PartitionState::Online => {
+                b.leading += 1;
+                if p.isr.len() < p.replicas.len() {
+                    under_replicated.push(p.clone());
+                }
+                if p.replicas.first() != Some(&p.leader) {
+                    not_preferred += 1;
                 }
             }
-            let (state, _) = controller::read_partition_state(client, topic, p).await?;
-            match brokers.get_mut(&state.leader) {
-                Some(b) if state.state == PartitionState::Online => b.leading += 1,
-                _ => offline_partitions.push(OfflinePartition {
-                    topic: topic.clone(),
-                    partition: p,
-                    replicas: replicas.clone(),
-                    state: state.state,
-                }),
-            }
+            _ => offline_partitions.push(OfflinePartition {
+                topic: p.topic.clone(),
+                partition: p.partition,
+                replicas: p.replicas.clone(),
+                state: p.state,
+            }),
+        }
+    }
+    for id in absent_is_empty(client.list_children(paths::SHUTTING_DOWN).await)? {
+        if let Some(b) = id.parse::<i32>().ok().and_then(|n| brokers.get_mut(&n)) {
+            b.shutting_down = true;
         }
     }
     Ok(ClusterStatus {
@@ -95,7 +126,34 @@ pub async fn read_status(client: &zkc::Client) -> Result<ClusterStatus, Controll
         controller,
         brokers: brokers.into_values().collect(),
         topics: topics.len(),
-        partitions,
+        partitions: all.len(),
         offline_partitions,
+        under_replicated_partitions: under_replicated,
+        not_led_by_preferred_replica: not_preferred,
     })
+}
+
+/// Every partition's assignment and state, by topic and partition.
+pub async fn read_partitions(client: &zkc::Client) -> Result<Vec<PartitionStatus>, ControllerError> {
+    let mut out = Vec::new();
+    for topic in absent_is_empty(client.list_children(paths::TOPICS).await)? {
+        let assignment = controller::read_topic(client, &topic).await?;
+        let mut parts: Vec<(u32, &Vec<i32>)> =
+            assignment.partitions.iter().filter_map(|(p, r)| Some((p.parse().ok()?, r))).collect();
+        parts.sort_unstable();
+        for (p, replicas) in parts {
+            let (state, _) = controller::read_partition_state(client, &topic, p).await?;
+            out.push(PartitionStatus {
+                topic: topic.clone(),
+                partition: p,
+                replicas: replicas.clone(),
+                isr: if state.isr.is_empty() { replicas.clone() } else { state.isr.clone() },
+                leader: state.leader,
+                leader_epoch: state.leader_epoch,
+                state: state.state,
+            });
+        }
+    }
+    out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    Ok(out)
 }

@@ -52,6 +52,15 @@ pub mod paths {
     pub const CREATE_TOPIC_REQUESTS: &str = "/shardlog/admin/create_topics";
     /// Topic deletions waiting for the controller.
     pub const DELETE_TOPIC_REQUESTS: &str = "/shardlog/admin/delete_topics";
+    /// Brokers in controlled shutdown (ephemeral children named by id).
+    pub const SHUTTING_DOWN: &str = "/shardlog/admin/shutting_down";
+    /// A preferred-leader election asked for (`cluster elect-leaders`).
+    pub const PREFERRED_ELECTION: &str = "/shardlog/admin/preferred_election";
+
+    #[must_use]
+    pub fn shutting_down(id: i32) -> String {
+        format!("{SHUTTING_DOWN}/{id}")
+    }
 
     #[must_use]
     pub fn broker(id: i32) -> String {
@@ -123,6 +132,7 @@ pub async fn ensure_layout(client: &zkc::Client) -> Result<(), ClusterError> {
         paths::TOPICS,
         paths::CREATE_TOPIC_REQUESTS,
         paths::DELETE_TOPIC_REQUESTS,
+        paths::SHUTTING_DOWN,
         "/shardlog/cluster",
     ] {
         match client.mkdir(path, &dir).await {
@@ -264,6 +274,16 @@ impl Membership for ZkMembership {
     }
     fn link(&self) -> Option<ClusterLink> {
         Some(self.link.clone())
+    }
+    fn controlled_shutdown(&self, timeout: Duration) -> Result<(), String> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let request = ControlRequest::ControlledShutdown { broker: self.id, timeout, reply };
+        self.link.control.send(request).map_err(|_| "the control thread stopped".to_string())?;
+        // Waited for on a thread of its own: the caller may be inside a
+        // tokio runtime, where `blocking_recv` must not run.
+        std::thread::scope(|s| s.spawn(|| answer.blocking_recv()).join())
+            .map_err(|_| "the controlled-shutdown wait panicked".to_string())?
+            .map_err(|_| "the control thread stopped".to_string())?
     }
     fn shutdown(mut self: Box<Self>) {
         self.stop();
@@ -427,6 +447,7 @@ async fn serve_session(
         let mut view = ClusterView::default();
         let round = async {
             let brokers = read_brokers(client, &mut view).await?;
+            let shutting_down = read_shutting_down(client).await?;
             let (exists, controller_watch) = client.check_and_watch_stat(paths::CONTROLLER).await?;
             if exists.is_none() {
                 epoch = controller::elect(client, me.id).await?;
@@ -441,7 +462,7 @@ async fn serve_session(
                 epoch = None;
             }
             if let Some(e) = &epoch {
-                if let Err(err) = controller_round(client, e, &view, election).await {
+                if let Err(err) = controller_round(client, e, &view, &shutting_down, election).await {
                     if matches!(err, controller::ControllerError::Fenced { .. }) {
                         tracing::warn!(broker = me.id, epoch = e.epoch, "fenced: a newer controller exists");
                         epoch = None;
@@ -451,15 +472,16 @@ async fn serve_session(
                 }
             }
             let topics = metadata::read_topics(client).await?;
-            Ok::<_, controller::ControllerError>((brokers, controller_watch, topics))
+            Ok::<_, controller::ControllerError>((brokers, controller_watch, topics, shutting_down))
         };
         let watches = match round.await {
-            Ok((brokers, controller_watch, topics)) => {
+            Ok((brokers, controller_watch, topics, shutting_down)) => {
                 let md = ClusterMetadata {
                     cluster_id: view.cluster_id.clone(),
                     brokers: view.brokers.clone(),
                     controller: view.controller,
                     topics,
+                    shutting_down,
                 };
                 control.metadata.send_if_modified(|current| {
                     let changed = **current != md;
@@ -550,20 +572,38 @@ enum SessionChange {
     Ended(zkc::SessionState),
 }
 
+/// The brokers in controlled shutdown.
+async fn read_shutting_down(client: &zkc::Client) -> Result<BTreeSet<i32>, controller::ControllerError> {
+    match client.list_children(paths::SHUTTING_DOWN).await {
+        Ok(ids) => Ok(ids.iter().filter_map(|id| id.parse().ok()).collect()),
+        Err(zkc::Error::NoNode) => Ok(BTreeSet::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// What the controller does each round: serve creation and deletion
-/// requests, then move partition states to what the live brokers give.
+/// requests, then move partition states to what the live brokers give
+/// (a broker in controlled shutdown counts as gone: it neither leads nor
+/// stays in an ISR, nor gets new replicas), then serve a preferred-leader
+/// election asked for.
 async fn controller_round(
     client: &zkc::Client,
     epoch: &ControllerEpoch,
     view: &ClusterView,
+    shutting_down: &BTreeSet<i32>,
     election: controller::ElectionPolicy,
 ) -> Result<(), controller::ControllerError> {
-    let candidates: Vec<Candidate> =
-        view.brokers.values().map(|b| Candidate { id: b.id, rack: b.rack.clone() }).collect();
+    let candidates: Vec<Candidate> = view
+        .brokers
+        .values()
+        .filter(|b| !shutting_down.contains(&b.id))
+        .map(|b| Candidate { id: b.id, rack: b.rack.clone() })
+        .collect();
     controller::serve_topic_requests(client, epoch, &candidates).await?;
     controller::serve_delete_requests(client, epoch).await?;
-    let live: BTreeSet<i32> = view.brokers.keys().copied().collect();
+    let live: BTreeSet<i32> = view.brokers.keys().copied().filter(|b| !shutting_down.contains(b)).collect();
     controller::reconcile(client, epoch, &live, election).await?;
+    controller::serve_preferred_election(client, epoch, &live, election).await?;
     Ok(())
 }
 

@@ -26,6 +26,7 @@
 //! - `acks=all` is answered when the high watermark passes the batch, so
 //!   every ISR member had it; `min.insync.replicas` is checked first.
 
+pub mod checkpoint;
 pub mod fetcher;
 
 use crate::cluster::metadata::PartitionInfo;
@@ -88,6 +89,15 @@ pub struct Replica {
     pub role: RefCell<Role>,
     /// The high watermark of a leader or follower (not used alone).
     hw: Cell<u64>,
+}
+
+/// A leader's replica set and ISR sizes and its followers' lags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderStatus {
+    pub replicas: usize,
+    pub isr: usize,
+    /// (follower, records behind the leader's log end).
+    pub lags: Vec<(i32, u64)>,
 }
 
 /// What a leader wants done to its ISR.
@@ -178,6 +188,11 @@ impl Replica {
         } else {
             false
         }
+    }
+
+    /// The high watermark a checkpoint kept (start-up, before any role).
+    pub fn restore_hw(&self, hw: u64) {
+        self.hw.set(hw);
     }
 
     /// A follower's high watermark from its leader's fetch answer.
@@ -286,6 +301,26 @@ impl Replica {
         if let Role::Follower(f) = &*self.role.borrow() {
             f.stop.set(true);
         }
+    }
+
+    /// A leader's ISR size (`None` unless this replica leads in a cluster).
+    #[must_use]
+    pub fn leader_isr_len(&self) -> Option<usize> {
+        match &*self.role.borrow() {
+            Role::Leader(l) => Some(l.isr.len()),
+            _ => None,
+        }
+    }
+
+    /// What `/metrics` shows of a leader; `None` unless this replica leads
+    /// in a cluster.
+    #[must_use]
+    pub fn leader_status(&self, leader_end: u64) -> Option<LeaderStatus> {
+        let (replicas, isr) = match &*self.role.borrow() {
+            Role::Leader(l) => (l.replicas.len(), l.isr.len()),
+            _ => return None,
+        };
+        Some(LeaderStatus { replicas, isr, lags: self.follower_lags(leader_end) })
     }
 
     /// Follower lag as the leader sees it: `(replica, leader end - its end)`.

@@ -20,6 +20,7 @@ use crate::cluster::request::ControlRequest;
 use crate::cluster::ClusterLink;
 use crate::config::TopicConfig;
 use crate::partition::PartitionError;
+use crate::replica::checkpoint;
 use crate::topic_error::TopicOpError;
 use crate::topics::TopicMeta;
 use shardlog_schema::types::OFFSETS_TOPIC;
@@ -113,7 +114,12 @@ impl ShardContext {
             for (i, info) in topic.partitions.iter().enumerate() {
                 let Some(p) = self.partition(name, i as u32) else { continue };
                 if info.leader == me && info.state == PartitionState::Online {
-                    if p.replica.lead(me, info, info.state_version, now) {
+                    let isr_before = p.replica.leader_isr_len();
+                    let new_epoch = p.replica.lead(me, info, info.state_version, now);
+                    if let (Some(before), false) = (isr_before, new_epoch) {
+                        self.metrics.count_isr_change(before, info.isr.len());
+                    }
+                    if new_epoch {
                         p.leader_epoch.set(info.leader_epoch);
                         if let Err(e) = p.log.begin_epoch(info.leader_epoch).await {
                             tracing::warn!(topic = %name, partition = i, error = %e, "cannot record the new leader epoch");
@@ -122,12 +128,15 @@ impl ShardContext {
                     }
                     p.replica.advance_hw(p.log.high_watermark().0);
                 } else if info.replicas.contains(&me) {
-                    if let Some(stop) = p.replica.follow(info.leader, info.leader_epoch) {
+                    // In controlled shutdown this broker is in no ISR:
+                    // its fetchers stop (leader -1 starts none).
+                    let leader = if md.shutting_down.contains(&me) { -1 } else { info.leader };
+                    if let Some(stop) = p.replica.follow(leader, info.leader_epoch) {
                         p.leader_epoch.set(info.leader_epoch);
                         let task = crate::replica::fetcher::run(
                             self.clone(),
                             p.clone(),
-                            info.leader,
+                            leader,
                             info.leader_epoch,
                             stop,
                         );
@@ -153,7 +162,37 @@ impl ShardContext {
                 self.apply_cluster(md).await;
             }
         };
-        futures_lite::future::zip(follow, self.clone().isr_loop()).await;
+        let keep = futures_lite::future::zip(self.clone().isr_loop(), self.clone().hw_checkpoint_loop());
+        futures_lite::future::zip(follow, keep).await;
+    }
+
+    /// Every [`checkpoint::CHECKPOINT_INTERVAL`], writes this shard's
+    /// high-watermark checkpoint if it changed.
+    async fn hw_checkpoint_loop(self: Rc<Self>) {
+        loop {
+            glommio::timer::sleep(checkpoint::CHECKPOINT_INTERVAL).await;
+            if let Err(e) = self.write_hw_checkpoint().await {
+                tracing::warn!(shard = %self.id, error = %e, "cannot write the high-watermark checkpoint");
+            }
+        }
+    }
+
+    /// Writes the high watermarks of this shard's replicated partitions,
+    /// unless they are what it wrote last.
+    pub(crate) async fn write_hw_checkpoint(&self) -> Result<(), String> {
+        let mut entries: Vec<(String, u32, u64)> = self
+            .owned_partitions()
+            .iter()
+            .filter(|p| p.replica.epoch().is_some())
+            .map(|p| (p.topic.to_string(), p.id, p.high_watermark()))
+            .collect();
+        entries.sort_unstable();
+        if *self.written_hw.borrow() == entries {
+            return Ok(());
+        }
+        checkpoint::write(self.config.data_dir.clone(), usize::from(self.id.0), &entries).await?;
+        *self.written_hw.borrow_mut() = entries;
+        Ok(())
     }
 
     /// Every [`ISR_CHECK_INTERVAL`], asks for the ISR changes the partitions

@@ -213,6 +213,11 @@ pub struct ShardContext {
     cluster_md: RefCell<Option<Arc<ClusterMetadata>>>,
     /// Cluster mode: an `__consumer_offsets` creation is being asked for.
     requested_offsets_topic: Rc<Cell<bool>>,
+    /// Cluster mode: high watermarks from the checkpoint, taken by each
+    /// partition as it opens at start-up (`replica::checkpoint`).
+    pub restored_hw: RefCell<crate::replica::checkpoint::HighWatermarks>,
+    /// Cluster mode: the checkpoint this shard wrote last.
+    pub written_hw: RefCell<Vec<(String, u32, u64)>>,
 }
 
 impl ShardContext {
@@ -274,6 +279,8 @@ impl ShardContext {
             cluster,
             cluster_md: RefCell::default(),
             requested_offsets_topic: Rc::default(),
+            restored_hw: RefCell::default(),
+            written_hw: RefCell::default(),
         })
     }
 
@@ -354,7 +361,12 @@ impl ShardContext {
             }
             let dir = partition_dir(&self.config.data_dir, &meta.name, p);
             match Partition::open(dir, name.clone(), p, meta.config.clone(), self.log_options.clone()).await {
-                Ok(part) => slots[p as usize] = Some(Rc::new(part)),
+                Ok(part) => {
+                    if let Some(hw) = self.restored_hw.borrow_mut().remove(&(meta.name.clone(), p)) {
+                        part.replica.restore_hw(hw.min(part.log.end_offset().0));
+                    }
+                    slots[p as usize] = Some(Rc::new(part));
+                }
                 Err(source) => {
                     if created {
                         self.undo_partitions(&meta.name, p, slots).await;

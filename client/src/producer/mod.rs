@@ -178,7 +178,8 @@ impl Producer {
         let buffer_bytes_max = config.buffer_bytes_max.min(Semaphore::MAX_PERMITS).min(u32::MAX as usize);
         let client = ClientConfig { max_in_flight: config.max_in_flight, ..config.client.clone() };
         let cluster = Cluster::connect(client, Some(&[])).await?;
-        let producer = if config.enable_idempotence { Some(init_producer_id(&cluster).await?) } else { None };
+        let idempotent = config.enable_idempotence && config.acks != crate::config::Acks::None;
+        let producer = if idempotent { Some(init_producer_id(&cluster).await?) } else { None };
         let buffer = Arc::new(Semaphore::new(buffer_bytes_max));
         let core = Core::start(cluster, &config, buffer.clone(), producer);
         Ok(Producer {

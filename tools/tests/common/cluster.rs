@@ -17,6 +17,8 @@ pub struct Node {
     pub listen: String,
     /// The Kafka listener's address.
     pub kafka: String,
+    /// The admin (metrics) listener's address.
+    pub admin: String,
     pub zookeeper: String,
     /// More `serve` arguments (for every start).
     pub extra: Vec<String>,
@@ -35,6 +37,7 @@ impl Node {
             dir,
             listen: String::new(),
             kafka: String::new(),
+            admin: String::new(),
             zookeeper: zookeeper.to_string(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
@@ -43,7 +46,14 @@ impl Node {
     }
 
     pub fn spawn(&mut self) {
-        let extra = ["--offsets-topic-partitions", "3", "--kafka-listen", "127.0.0.1:0"];
+        let extra = [
+            "--offsets-topic-partitions",
+            "3",
+            "--kafka-listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ];
         let mut cmd = super::serve_command(self.dir.path(), 1, &extra);
         cmd.args(["--broker-id", &self.id.to_string(), "--zookeeper", &self.zookeeper])
             .args(["--advertised-host", "127.0.0.1"])
@@ -58,7 +68,27 @@ impl Node {
             |name: &str| line.split_whitespace().find_map(|w| w.strip_prefix(name)).map(str::to_string);
         self.listen = field("listen=").expect("listen");
         self.kafka = field("kafka=").expect("kafka");
+        self.admin = field("admin=").expect("admin");
         self.child = Some(child);
+    }
+
+    /// `GET /metrics` from the admin listener.
+    pub fn metrics(&self) -> String {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&self.admin).expect("connect admin");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).expect("read");
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        out
+    }
+
+    /// The value of the first sample of `name` whose line contains `labels`.
+    pub fn metric(&self, name: &str, labels: &str) -> Option<u64> {
+        self.metrics()
+            .lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{') && l.contains(labels))
+            .find_map(|l| l.rsplit(' ').next()?.parse().ok())
     }
 
     /// Sends `signal` (`STOP`, `CONT`, `TERM`) to the broker.
