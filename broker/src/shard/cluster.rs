@@ -285,7 +285,13 @@ impl ShardContext {
     /// Waits until the topic is (or is no longer) in this shard's table.
     async fn wait_local(&self, name: &str, present: bool) -> Result<(), TopicOpError> {
         let deadline = Instant::now() + LOCAL_APPLY_WAIT;
-        while self.topics.borrow().contains_key(name) != present {
+        // Both the opened topics and the published snapshot: `check_served`
+        // routes by the snapshot, which `apply_cluster` sets last.
+        let applied = || {
+            self.topics.borrow().contains_key(name) == present
+                && self.cluster_md.borrow().as_ref().is_some_and(|md| md.topics.contains_key(name) == present)
+        };
+        while !applied() {
             if Instant::now() > deadline {
                 return Err(TopicOpError::ControllerTimeout {
                     topic: name.to_string(),
