@@ -92,7 +92,8 @@ pub struct ProducerConfig {
     /// Bytes of records buffered (queued, batching or in flight) before
     /// `send` waits: the back-pressure bound.
     pub buffer_bytes_max: usize,
-    /// Produce requests outstanding per connection.
+    /// Produce requests outstanding per connection (at most
+    /// [`crate::producer::IDEMPOTENT_IN_FLIGHT_MAX`] with idempotence).
     pub max_in_flight: usize,
     /// Retries of a retriable error (with metadata refresh) before a batch
     /// fails. A retried batch may land after batches of its partition sent

@@ -1,10 +1,12 @@
-//! `shardlog cluster status` and `cluster elect-leaders`: straight to
-//! ZooKeeper (the cluster's record of membership, controller and partition
-//! states; requests for the controller).
+//! `shardlog cluster status`, `elect-leaders`, `reassign` and `rebalance`:
+//! straight to ZooKeeper (the cluster's record of membership, controller
+//! and partition states; requests for the controller).
 
-use crate::{ClusterCommand, OutputFormat};
+use crate::{ClusterCommand, OutputFormat, ReassignWait};
 use anyhow::Context;
+use shardlog_broker::cluster::reassign::{self, PartitionMove};
 use shardlog_broker::cluster::{controller, status, zk};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 /// Session timeout of the status reader's short-lived session.
@@ -34,7 +36,101 @@ pub async fn cluster(cmd: ClusterCommand) -> anyhow::Result<()> {
         ClusterCommand::ElectLeaders { zookeeper, topic, partition } => {
             elect_leaders(&connect(&zookeeper).await?, topic, partition).await
         }
+        ClusterCommand::Reassign { zookeeper, topic, partition, replicas, wait } => {
+            let client = connect(&zookeeper).await?;
+            let moves = vec![PartitionMove { topic, partition, replicas }];
+            submit(&client, moves, wait).await
+        }
+        ClusterCommand::Rebalance { zookeeper, exclude, dry_run, wait } => {
+            let client = connect(&zookeeper).await?;
+            let (partitions, brokers) = cluster_layout(&client).await?;
+            if let Some(b) = exclude.iter().find(|b| !brokers.contains(b)) {
+                anyhow::bail!("--exclude-broker {b}: no such live broker (live: {brokers:?})");
+            }
+            let eligible: BTreeSet<i32> = brokers.iter().copied().filter(|b| !exclude.contains(b)).collect();
+            let movable = partitions
+                .into_iter()
+                .filter(|((t, _), _)| t != shardlog_schema::types::OFFSETS_TOPIC)
+                .collect();
+            let plan = reassign::plan_rebalance(&movable, &eligible)?;
+            if plan.is_empty() {
+                println!("balanced: nothing to move");
+                return Ok(());
+            }
+            println!("{} partition(s) to move:", plan.len());
+            for m in &plan {
+                println!(
+                    "  {}-{}: {:?} -> {:?}",
+                    m.topic,
+                    m.partition,
+                    movable[&(m.topic.clone(), m.partition)],
+                    m.replicas
+                );
+            }
+            if dry_run {
+                return Ok(());
+            }
+            submit(&client, plan, wait).await
+        }
     }
+}
+
+/// Every partition's replicas, and the live brokers not shutting down.
+async fn cluster_layout(
+    client: &zk::Client,
+) -> anyhow::Result<(BTreeMap<(String, u32), Vec<i32>>, BTreeSet<i32>)> {
+    let s = status::read_status(client).await.context("cannot read the cluster state")?;
+    let brokers = s.brokers.iter().filter(|b| !b.shutting_down).map(|b| b.registration.id).collect();
+    let partitions = status::read_partitions(client)
+        .await
+        .context("cannot read the partitions")?
+        .into_iter()
+        .map(|p| ((p.topic, p.partition), p.replicas))
+        .collect();
+    Ok((partitions, brokers))
+}
+
+/// Validates and leaves a reassignment for the controller, then (unless
+/// `--no-wait`) prints its progress until it is done.
+async fn submit(client: &zk::Client, moves: Vec<PartitionMove>, wait: ReassignWait) -> anyhow::Result<()> {
+    let (partitions, brokers) = cluster_layout(client).await?;
+    let moves = match reassign::validate(moves, &partitions, &brokers) {
+        Err(reassign::ReassignError::Empty) => {
+            println!("nothing to move: the replicas are already as asked");
+            return Ok(());
+        }
+        other => other?,
+    };
+    reassign::request(client, &moves).await?;
+    println!("reassignment of {} partition(s) handed to the controller", moves.len());
+    if wait.no_wait {
+        return Ok(());
+    }
+    let deadline = Instant::now() + Duration::from_secs(wait.timeout_s);
+    let mut last = String::new();
+    loop {
+        let (stat, watcher) = client.check_and_watch_stat(zk::paths::REASSIGNMENT).await?;
+        if stat.is_none() {
+            break;
+        }
+        let now = status::read_status(client).await.context("cannot read the cluster state")?;
+        let line: Vec<String> =
+            now.reassignments.iter().map(|r| format!("{}-{}: {}", r.topic, r.partition, r.step)).collect();
+        let line = line.join("; ");
+        if line != last && !line.is_empty() {
+            println!("  {line}");
+            last = line;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            anyhow::bail!("not done within {} s; it goes on (see `shardlog cluster status`)", wait.timeout_s);
+        }
+        // Progress shows in the partition states, not in the request: look
+        // again at least every second.
+        let _ = tokio::time::timeout(left.min(Duration::from_secs(1)), watcher.changed()).await;
+    }
+    println!("reassignment done");
+    Ok(())
 }
 
 /// Leaves the request for the controller, waits until it is answered, then
@@ -147,6 +243,15 @@ fn print_text(s: &status::ClusterStatus) {
         }
     }
     println!("partitions not led by their preferred replica: {}", s.not_led_by_preferred_replica);
+    if !s.reassignments.is_empty() {
+        println!("reassignment in progress: {} partition(s)", s.reassignments.len());
+        for r in &s.reassignments {
+            println!(
+                "  {}/{} replicas {:?} -> {:?} isr {:?} leader {}: {}",
+                r.topic, r.partition, r.replicas, r.target, r.isr, r.leader, r.step
+            );
+        }
+    }
     if s.offline_partitions.is_empty() {
         println!("offline partitions: none");
     } else {

@@ -94,6 +94,49 @@ pub enum ClusterCommand {
         #[arg(long, requires = "topic")]
         partition: Option<u32>,
     },
+    /// Moves one partition's replicas to the brokers given (the first is
+    /// the preferred leader): new replicas are added and caught up, then
+    /// leadership moves, then the old replicas are dropped, while producers
+    /// and consumers go on. Waits until done unless `--no-wait`; `cluster
+    /// status` shows the progress.
+    Reassign {
+        #[arg(long, env = "SHARDLOG_ZOOKEEPER", value_name = "HOST:PORT[,..][/chroot]")]
+        zookeeper: String,
+        #[arg(long)]
+        topic: String,
+        #[arg(long)]
+        partition: u32,
+        /// Broker ids, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        replicas: Vec<i32>,
+        #[command(flatten)]
+        wait: ReassignWait,
+    },
+    /// Evens out replicas and preferred leaders over the live brokers (after
+    /// a broker joined, or with `--exclude-broker` before one is
+    /// decommissioned) as one reassignment; `--dry-run` prints the plan only.
+    Rebalance {
+        #[arg(long, env = "SHARDLOG_ZOOKEEPER", value_name = "HOST:PORT[,..][/chroot]")]
+        zookeeper: String,
+        /// Brokers to move every replica off (repeat or comma-separate).
+        #[arg(long = "exclude-broker", value_delimiter = ',')]
+        exclude: Vec<i32>,
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        wait: ReassignWait,
+    },
+}
+
+/// How `cluster reassign` and `cluster rebalance` wait.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct ReassignWait {
+    /// Return once the controller has the request.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Give up waiting after this many seconds (the reassignment goes on).
+    #[arg(long, default_value_t = 600)]
+    pub timeout_s: u64,
 }
 
 /// Connection settings every client command takes.

@@ -11,7 +11,15 @@
 //! - a SIGTERMed leader hands its leaderships off before it exits (controlled
 //!   shutdown) and checkpoints its high watermarks; with automatic
 //!   rebalance off, `cluster elect-leaders` gives leadership back to the
-//!   preferred replicas.
+//!   preferred replicas;
+//! - a partition reassigned under load (new replicas caught up, leadership
+//!   moved, old replicas dropped and deleted), then `cluster rebalance` onto
+//!   a broker that joined (its controller SIGKILLed midway: the next one
+//!   finishes it) and off a decommissioned one: nothing acknowledged
+//!   lost or reordered, and the moved replicas byte-identical;
+//! - a leader that lost its data directory comes back empty, copies
+//!   everything before it rejoins the ISR, and alone serves every
+//!   acknowledged record.
 //!
 //! `SHARDLOG_SLOW_TESTS=1` runs 20 leader failures instead of 4.
 
@@ -37,7 +45,18 @@ use std::time::{Duration, Instant};
 const LAG_MS: &str = "1500";
 
 fn start_cluster(connect: &str) -> Vec<Node> {
-    (1..=3).map(|id| Node::start_with(id, connect, &["--replica-lag-time-max-ms", LAG_MS])).collect()
+    let nodes: Vec<Node> =
+        (1..=3).map(|id| Node::start_with(id, connect, &["--replica-lag-time-max-ms", LAG_MS])).collect();
+    wait_registered(connect, 3);
+    nodes
+}
+
+/// Waits until `n` brokers are registered (placement counts only those).
+fn wait_registered(connect: &str, n: usize) {
+    wait_for(&format!("{n} brokers registered"), Duration::from_secs(20), || {
+        let (ok, text) = cluster_cli(connect, &["status"]);
+        (ok && text.contains(&format!("brokers: {n},"))).then_some(())
+    });
 }
 
 fn bootstrap(nodes: &[Node]) -> String {
@@ -91,9 +110,18 @@ fn stored_log(dir: &Path, topic: &str, partition: u32) -> Vec<u8> {
 /// What the producer thread saw acknowledged: (partition, offset, value).
 type Acked = Arc<Mutex<Vec<(u32, u64, String)>>>;
 
+/// One cluster test at a time: each runs a 3-node ensemble and 3 or 4
+/// brokers with 2 s sessions, and two at once on 2 cores starve sessions.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn producer_config(bootstrap: &str) -> ProducerConfig {
     ProducerConfig {
-        client: ClientConfig::new(bootstrap),
+        // A request to a frozen leader fails after 5 s (not 30) and is
+        // retried on the new one.
+        client: ClientConfig { request_timeout_ms: 5_000, ..ClientConfig::new(bootstrap) },
         acks: Acks::All,
         enable_idempotence: true,
         retries: 1_000_000,
@@ -167,8 +195,47 @@ fn read_partition(
     })
 }
 
+/// Every acknowledged record once, at its offset, in send order (read
+/// through `bootstrap` from offset 0 to each partition's end).
+fn check_acknowledged(
+    rt: &tokio::runtime::Runtime,
+    bootstrap: &str,
+    topic: &str,
+    partitions: u32,
+    acked: &[(u32, u64, String)],
+) {
+    let ps = describe(rt, bootstrap, topic).expect("describe");
+    let mut want: BTreeMap<u32, BTreeMap<u64, String>> = BTreeMap::new();
+    for (p, offset, value) in acked {
+        let prev = want.entry(*p).or_default().insert(*offset, value.clone());
+        assert!(prev.is_none(), "two acknowledgements at {p}/{offset}");
+    }
+    for p in 0..partitions {
+        let got = read_partition(rt, bootstrap, topic, p, ps[p as usize].end_offset);
+        let values: Vec<&String> = got.iter().map(|(_, v)| v).collect();
+        let mut seen = std::collections::HashSet::new();
+        for v in &values {
+            assert!(seen.insert(*v), "partition {p}: {v} stored twice");
+        }
+        let seqs: Vec<u64> =
+            values.iter().map(|v| v.split_once(':').expect("p:seq").1.parse().expect("seq")).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "partition {p}: out of order");
+        let at: BTreeMap<u64, &String> = got.iter().map(|(o, v)| (*o, v)).collect();
+        let mine = want.remove(&p).unwrap_or_default();
+        for (offset, value) in &mine {
+            assert_eq!(
+                at.get(offset).copied(),
+                Some(value),
+                "partition {p}: acknowledged {value} at {offset}"
+            );
+        }
+        eprintln!("partition {p}: {} records, {} acknowledged, all there", got.len(), mine.len());
+    }
+}
+
 #[test]
 fn acks_all_loses_nothing_while_leaders_die_and_return() {
+    let _one = serial();
     let Some(zk) = zk::Ensemble::start() else { return };
     let connect = format!("{}/replication", zk.connect_string());
     let rt = rt();
@@ -235,33 +302,7 @@ fn acks_all_loses_nothing_while_leaders_die_and_return() {
     eprintln!("{} records acknowledged over {sent_rounds} rounds; failovers {failover_times:?}", acked.len());
     assert!(acked.len() > 1000, "the producer made progress: {}", acked.len());
 
-    // Every acknowledged record once, at its offset, in send order.
-    let ps = describe(&rt, &bootstrap(&nodes), topic).expect("describe");
-    let mut want: BTreeMap<u32, BTreeMap<u64, String>> = BTreeMap::new();
-    for (p, offset, value) in &acked {
-        let prev = want.entry(*p).or_default().insert(*offset, value.clone());
-        assert!(prev.is_none(), "two acknowledgements at {p}/{offset}");
-    }
-    for p in 0..partitions {
-        let got = read_partition(&rt, &bootstrap(&nodes), topic, p, ps[p as usize].end_offset);
-        let values: Vec<&String> = got.iter().map(|(_, v)| v).collect();
-        let mut seen = std::collections::HashSet::new();
-        for v in &values {
-            assert!(seen.insert(*v), "partition {p}: {v} stored twice");
-        }
-        let seqs: Vec<u64> =
-            values.iter().map(|v| v.split_once(':').expect("p:seq").1.parse().expect("seq")).collect();
-        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "partition {p}: out of order");
-        let at: BTreeMap<u64, &String> = got.iter().map(|(o, v)| (*o, v)).collect();
-        for (offset, value) in &want[&p] {
-            assert_eq!(
-                at.get(offset).copied(),
-                Some(value),
-                "partition {p}: acknowledged {value} at {offset}"
-            );
-        }
-        eprintln!("partition {p}: {} records, {} acknowledged, all there", got.len(), want[&p].len());
-    }
+    check_acknowledged(&rt, &bootstrap(&nodes), topic, partitions, &acked);
     // Every replica byte-identical (stopped cleanly first).
     for n in &mut nodes {
         n.stop();
@@ -283,6 +324,7 @@ fn acks_all_loses_nothing_while_leaders_die_and_return() {
 
 #[test]
 fn a_cut_off_follower_leaves_the_isr_and_min_insync_refuses() {
+    let _one = serial();
     let Some(zk) = zk::Ensemble::start() else { return };
     let connect = format!("{}/isr", zk.connect_string());
     let rt = rt();
@@ -361,6 +403,7 @@ fn checkpoint(dir: &Path) -> BTreeMap<(String, u32), u64> {
 
 #[test]
 fn a_clean_stop_hands_leadership_off_and_elect_leaders_brings_it_back() {
+    let _one = serial();
     let Some(zk) = zk::Ensemble::start() else { return };
     let connect = format!("{}/handoff", zk.connect_string());
     let rt = rt();
@@ -373,6 +416,7 @@ fn a_clean_stop_hands_leadership_off_and_elect_leaders_brings_it_back() {
             )
         })
         .collect();
+    wait_registered(&connect, 3);
     let topic = "handoff";
     let partitions = 3u32;
     rt.block_on(async {
@@ -497,4 +541,238 @@ fn a_clean_stop_hands_leadership_off_and_elect_leaders_brings_it_back() {
         assert_eq!(got.len() as u64, ps[p as usize].end_offset, "partition {p}: no gaps or duplicates");
         eprintln!("partition {p}: {} acknowledged records all there", mine.len());
     }
+}
+
+/// Runs `shardlog cluster ARGS --zookeeper CONNECT`; (success, stdout + stderr).
+fn cluster_cli(connect: &str, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(common::BIN)
+        .arg("cluster")
+        .args(args)
+        .args(["--zookeeper", connect])
+        .output()
+        .expect("shardlog cluster");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+/// Waits until `dir` no longer holds a copy of `topic`-`p`.
+fn wait_deleted(dir: &Path, topic: &str, p: u32) {
+    let pdir = dir.join(format!("{topic}-{p}"));
+    wait_for(&format!("{} deleted", pdir.display()), Duration::from_secs(10), || {
+        (!pdir.exists()).then_some(())
+    });
+}
+
+#[test]
+fn reassignment_and_rebalance_move_replicas_under_load_and_lose_nothing() {
+    let _one = serial();
+    let Some(zk) = zk::Ensemble::start() else { return };
+    let connect = format!("{}/reassign", zk.connect_string());
+    let rt = rt();
+    let mut nodes = start_cluster(&connect);
+    let topic = "moving";
+    let partitions = 2u32;
+    rt.block_on(async {
+        let admin = Admin::connect(ClientConfig::new(bootstrap(&nodes))).await.expect("admin");
+        admin.create_topic_replicated(topic, partitions, 2, &[]).await.expect("create RF 2");
+    });
+    wait_isr(&rt, &nodes, topic, 2, Duration::from_secs(20));
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked: Acked = Arc::default();
+    let producer = spawn_producer(bootstrap(&nodes), topic, partitions, stop.clone(), acked.clone());
+    let acked_past = |n: usize| {
+        wait_for(&format!("{n} more acknowledged"), Duration::from_secs(30), || {
+            let now = acked.lock().expect("acked").len();
+            (now > n).then_some(())
+        });
+    };
+    acked_past(5_000);
+
+    // Bad requests are refused with a reason, before the controller sees them.
+    let (ok, text) =
+        cluster_cli(&connect, &["reassign", "--topic", topic, "--partition", "0", "--replicas", "1,9"]);
+    assert!(!ok && text.contains("broker 9 is not registered"), "{text}");
+    let (ok, text) =
+        cluster_cli(&connect, &["reassign", "--topic", topic, "--partition", "7", "--replicas", "1"]);
+    assert!(!ok && text.contains("moving-7: no such partition"), "{text}");
+    let (ok, text) = cluster_cli(
+        &connect,
+        &["reassign", "--topic", "__consumer_offsets", "--partition", "0", "--replicas", "1"],
+    );
+    assert!(!ok && text.contains("cannot be reassigned"), "{text}");
+
+    // 1. Partition 0 to a new pair: the broker without it takes the lead,
+    //    its preferred (and likely leading) replica leaves.
+    let before = describe(&rt, &bootstrap(&nodes), topic).expect("describe");
+    let old = before[0].replicas.clone();
+    let spare = (1..=3).find(|b| !old.contains(b)).expect("a broker without partition 0");
+    let target = vec![spare, old[1]];
+    let list = format!("{},{}", target[0], target[1]);
+    let n = acked.lock().expect("acked").len();
+    let (ok, text) =
+        cluster_cli(&connect, &["reassign", "--topic", topic, "--partition", "0", "--replicas", &list]);
+    assert!(ok && text.contains("reassignment done"), "{text}");
+    let after = describe(&rt, &bootstrap(&nodes), topic).expect("describe");
+    assert_eq!(after[0].replicas, target);
+    let mut isr = after[0].isr.clone();
+    isr.sort_unstable();
+    let mut want = target.clone();
+    want.sort_unstable();
+    assert_eq!(isr, want, "{after:?}");
+    assert!(target.contains(&after[0].leader_broker), "{after:?}");
+    assert_eq!(after[1].replicas, before[1].replicas, "partition 1 untouched");
+    let dropped = nodes.iter().find(|n| n.id == old[0]).expect("old replica");
+    wait_deleted(dropped.dir.path(), topic, 0);
+    acked_past(n + 2_000);
+    let (ok, text) =
+        cluster_cli(&connect, &["reassign", "--topic", topic, "--partition", "0", "--replicas", &list]);
+    assert!(ok && text.contains("nothing to move"), "{text}");
+
+    // 2. A fourth broker joins: `rebalance` gives it its share.
+    nodes.push(Node::start_with(4, &connect, &["--replica-lag-time-max-ms", LAG_MS]));
+    wait_registered(&connect, 4);
+    let (ok, text) = cluster_cli(&connect, &["rebalance", "--dry-run"]);
+    assert!(ok && text.contains("partition(s) to move"), "{text}");
+    let unchanged = describe(&rt, &bootstrap(&nodes), topic).expect("describe");
+    assert!(unchanged.iter().all(|p| !p.replicas.contains(&4)), "a dry run moves nothing");
+    let n = acked.lock().expect("acked").len();
+    // Handed over, then the controller is SIGKILLed: its successor finishes it.
+    let (ok, text) = cluster_cli(&connect, &["rebalance", "--no-wait"]);
+    assert!(ok && text.contains("handed to the controller"), "{text}");
+    let controller = |text: &str| -> Option<i32> {
+        let line = text.lines().find(|l| l.starts_with("controller: broker "))?;
+        line["controller: broker ".len()..].split(' ').next()?.parse().ok()
+    };
+    let (_, status) = cluster_cli(&connect, &["status"]);
+    let killed = controller(&status).expect("a controller");
+    nodes.iter_mut().find(|n| n.id == killed).expect("controller node").kill();
+    wait_for("a new controller", Duration::from_secs(SESSION_MS / 1000 + 15), || {
+        let (_, status) = cluster_cli(&connect, &["status"]);
+        controller(&status).filter(|c| *c != killed).map(|_| ())
+    });
+    nodes.iter_mut().find(|n| n.id == killed).expect("controller node").spawn();
+    wait_for("the rebalance completes under the new controller", Duration::from_secs(60), || {
+        let (ok, text) = cluster_cli(&connect, &["status", "--output", "json"]);
+        (ok && text.contains("\"reassignments\":[]")).then_some(())
+    });
+    let spread = describe(&rt, &bootstrap(&nodes), topic).expect("describe");
+    for b in 1..=4 {
+        let held = spread.iter().filter(|p| p.replicas.contains(&b)).count();
+        assert_eq!(held, 1, "broker {b} holds {held} of 4 replicas: {spread:?}");
+    }
+    acked_past(n + 2_000);
+
+    // 3. Decommissioning: every replica off broker 1.
+    let (ok, text) = cluster_cli(&connect, &["rebalance", "--exclude-broker", "1"]);
+    assert!(ok && text.contains("reassignment done"), "{text}");
+    let off = describe(&rt, &bootstrap(&nodes), topic).expect("describe");
+    assert!(off.iter().all(|p| !p.replicas.contains(&1) && p.leader_broker != 1), "{off:?}");
+    for p in 0..partitions {
+        wait_deleted(nodes[0].dir.path(), topic, p);
+    }
+    let (ok, text) = cluster_cli(&connect, &["status", "--output", "json"]);
+    assert!(ok && text.contains("\"reassignments\":[]"), "{text}");
+    let n = acked.lock().expect("acked").len();
+    acked_past(n + 2_000);
+
+    stop.store(true, Ordering::Relaxed);
+    producer.join().expect("producer thread");
+    let acked = acked.lock().expect("acked").clone();
+    eprintln!("{} records acknowledged through three reassignments", acked.len());
+    check_acknowledged(&rt, &bootstrap(&nodes), topic, partitions, &acked);
+    // The replicas that moved hold the same bytes as those that stayed.
+    let layout = describe(&rt, &bootstrap(&nodes), topic).expect("describe");
+    for n in &mut nodes {
+        n.stop();
+    }
+    for (p, d) in layout.iter().enumerate() {
+        let logs: Vec<(i32, Vec<u8>)> = d
+            .replicas
+            .iter()
+            .map(|b| {
+                (*b, stored_log(nodes.iter().find(|n| n.id == *b).expect("node").dir.path(), topic, p as u32))
+            })
+            .collect();
+        assert!(!logs[0].1.is_empty());
+        for (b, log) in &logs {
+            assert!(
+                log == &logs[0].1,
+                "partition {p}: broker {b}'s copy differs from broker {}'s",
+                logs[0].0
+            );
+        }
+    }
+}
+
+#[test]
+fn a_broker_that_lost_its_data_directory_catches_up_and_then_alone_has_everything() {
+    let _one = serial();
+    let Some(zk) = zk::Ensemble::start() else { return };
+    let connect = format!("{}/wiped", zk.connect_string());
+    let rt = rt();
+    let mut nodes = start_cluster(&connect);
+    let topic = "wiped";
+    rt.block_on(async {
+        let admin = Admin::connect(ClientConfig::new(bootstrap(&nodes))).await.expect("admin");
+        admin
+            .create_topic_replicated(topic, 1, 3, &[("min.insync.replicas".into(), "2".into())])
+            .await
+            .expect("create RF 3");
+    });
+    wait_isr(&rt, &nodes, topic, 3, Duration::from_secs(20));
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked: Acked = Arc::default();
+    let producer = spawn_producer(bootstrap(&nodes), topic, 1, stop.clone(), acked.clone());
+    wait_for("the producer gets going", Duration::from_secs(20), || {
+        (acked.lock().expect("acked").len() > 5_000).then_some(())
+    });
+    // The leader dies and its disk is lost.
+    let leader = describe(&rt, &bootstrap(&nodes), topic).expect("describe")[0].leader_broker;
+    let node = nodes.iter_mut().find(|n| n.id == leader).expect("leader node");
+    node.kill();
+    let others: String =
+        nodes.iter().filter(|n| n.id != leader).map(|n| n.listen.as_str()).collect::<Vec<_>>().join(",");
+    wait_for("the dead leader leaves the ISR", Duration::from_secs(SESSION_MS / 1000 + 15), || {
+        describe(&rt, &others, topic).filter(|ps| !ps[0].isr.contains(&leader) && !ps[0].offline).map(|_| ())
+    });
+    let node = nodes.iter_mut().find(|n| n.id == leader).expect("leader node");
+    for entry in std::fs::read_dir(node.dir.path()).expect("data dir") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path).expect("wipe");
+        } else {
+            std::fs::remove_file(&path).expect("wipe");
+        }
+    }
+    let n = acked.lock().expect("acked").len();
+    node.spawn();
+    // Empty, it is a follower that must copy everything before it is in sync.
+    wait_isr(&rt, &nodes, topic, 3, Duration::from_secs(60));
+    wait_for("acks=all go on", Duration::from_secs(20), || {
+        (acked.lock().expect("acked").len() > n + 2_000).then_some(())
+    });
+    stop.store(true, Ordering::Relaxed);
+    producer.join().expect("producer thread");
+    let acked = acked.lock().expect("acked").clone();
+    // Once it holds what the leader holds, the other two die: it alone
+    // must serve every acknowledged record.
+    let current = describe(&rt, &bootstrap(&nodes), topic).expect("describe")[0].leader_broker;
+    let wiped_dir = nodes.iter().find(|n| n.id == leader).expect("wiped").dir.path().to_path_buf();
+    let leader_dir = nodes.iter().find(|n| n.id == current).expect("leader").dir.path().to_path_buf();
+    wait_for("the wiped replica holds the leader's bytes", Duration::from_secs(20), || {
+        (stored_log(&wiped_dir, topic, 0) == stored_log(&leader_dir, topic, 0)).then_some(())
+    });
+    for n in nodes.iter_mut().filter(|n| n.id != leader) {
+        n.kill();
+    }
+    let alone = nodes.iter().find(|n| n.id == leader).expect("wiped").listen.clone();
+    // (Until both sessions have ended the ISR names a dead broker, and the
+    // high watermark waits for it.)
+    wait_for("the wiped broker leads alone", Duration::from_secs(SESSION_MS / 1000 + 15), || {
+        describe(&rt, &alone, topic)
+            .filter(|ps| ps[0].leader_broker == leader && !ps[0].offline && ps[0].isr == [leader])
+            .map(|_| ())
+    });
+    eprintln!("{} acknowledged records; reading them from broker {leader} alone", acked.len());
+    check_acknowledged(&rt, &alone, topic, 1, &acked);
 }

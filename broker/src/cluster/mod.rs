@@ -22,6 +22,9 @@
 //! | `/shardlog/topics/<topic>/partitions/<p>/state` | persistent | [`controller::PartitionStateZnode`] JSON |
 //! | `/shardlog/admin/create_topics/<topic>` | persistent | [`controller::CreateTopicRequest`] JSON, for the controller |
 //! | `/shardlog/admin/delete_topics/<topic>` | persistent | empty: a deletion for the controller |
+//! | `/shardlog/admin/shutting_down/<id>` | ephemeral | empty: a broker in controlled shutdown |
+//! | `/shardlog/admin/preferred_election` | persistent | [`controller::PreferredElectionRequest`] JSON |
+//! | `/shardlog/admin/reassign_partitions` | persistent | [`reassign::ReassignmentRequest`] JSON (see `reassign`) |
 //!
 //! `metadata` is the snapshot brokers serve from (published by the control
 //! thread to every shard); `request` is what shards ask of the control
@@ -30,6 +33,7 @@
 pub mod controller;
 pub mod metadata;
 pub mod placement;
+pub mod reassign;
 pub mod request;
 pub mod status;
 pub mod zk;

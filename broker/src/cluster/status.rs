@@ -1,7 +1,7 @@
 //! What `shardlog cluster status` shows, read straight from ZooKeeper:
 //! cluster id, controller and epoch, live brokers with their addresses,
-//! shards and partition counts, the partitions without a live leader and
-//! the under-replicated ones.
+//! shards and partition counts, the partitions without a live leader, the
+//! under-replicated ones and a reassignment in progress.
 
 use super::controller::{self, ControllerError, PartitionState};
 use super::zk::paths;
@@ -23,6 +23,21 @@ pub struct ClusterStatus {
     /// Online partitions led by a replica other than their first (the
     /// preferred one): `cluster elect-leaders` moves them back.
     pub not_led_by_preferred_replica: usize,
+    /// The partitions of a reassignment in progress, with their next step.
+    pub reassignments: Vec<ReassignmentStatus>,
+}
+
+/// One partition being reassigned.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReassignmentStatus {
+    pub topic: String,
+    pub partition: u32,
+    pub target: Vec<i32>,
+    pub replicas: Vec<i32>,
+    pub isr: Vec<i32>,
+    pub leader: i32,
+    /// What the controller does next (`reassign::Step`, in words).
+    pub step: String,
 }
 
 /// One partition as ZooKeeper has it.
@@ -121,6 +136,21 @@ pub async fn read_status(client: &zkc::Client) -> Result<ClusterStatus, Controll
             b.shutting_down = true;
         }
     }
+    let live: std::collections::BTreeSet<i32> =
+        brokers.values().filter(|b| !b.shutting_down).map(|b| b.registration.id).collect();
+    let reassignments = super::reassign::progress(client, &live)
+        .await?
+        .into_iter()
+        .map(|(m, replicas, state, step)| ReassignmentStatus {
+            topic: m.topic,
+            partition: m.partition,
+            target: m.replicas,
+            isr: if state.isr.is_empty() { replicas.clone() } else { state.isr },
+            replicas,
+            leader: state.leader,
+            step: step.to_string(),
+        })
+        .collect();
     Ok(ClusterStatus {
         cluster_id,
         controller,
@@ -130,6 +160,7 @@ pub async fn read_status(client: &zkc::Client) -> Result<ClusterStatus, Controll
         offline_partitions,
         under_replicated_partitions: under_replicated,
         not_led_by_preferred_replica: not_preferred,
+        reassignments,
     })
 }
 

@@ -56,6 +56,8 @@ pub mod paths {
     pub const SHUTTING_DOWN: &str = "/shardlog/admin/shutting_down";
     /// A preferred-leader election asked for (`cluster elect-leaders`).
     pub const PREFERRED_ELECTION: &str = "/shardlog/admin/preferred_election";
+    /// A partition reassignment in progress (`cluster reassign`, `cluster rebalance`).
+    pub const REASSIGNMENT: &str = "/shardlog/admin/reassign_partitions";
 
     #[must_use]
     pub fn shutting_down(id: i32) -> String {
@@ -585,7 +587,7 @@ async fn read_shutting_down(client: &zkc::Client) -> Result<BTreeSet<i32>, contr
 /// requests, then move partition states to what the live brokers give
 /// (a broker in controlled shutdown counts as gone: it neither leads nor
 /// stays in an ISR, nor gets new replicas), then serve a preferred-leader
-/// election asked for.
+/// election asked for, then take a reassignment one step on.
 async fn controller_round(
     client: &zkc::Client,
     epoch: &ControllerEpoch,
@@ -604,6 +606,7 @@ async fn controller_round(
     let live: BTreeSet<i32> = view.brokers.keys().copied().filter(|b| !shutting_down.contains(b)).collect();
     controller::reconcile(client, epoch, &live, election).await?;
     controller::serve_preferred_election(client, epoch, &live, election).await?;
+    super::reassign::serve(client, epoch, &live).await?;
     Ok(())
 }
 

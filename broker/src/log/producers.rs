@@ -28,9 +28,14 @@
 use shardlog_schema::batch::BatchHeader;
 use std::collections::{HashMap, VecDeque};
 
-/// Batches remembered per producer (Kafka keeps 5, the client's
-/// `max.in.flight.requests.per.connection` limit for idempotence).
-pub const BATCHES_CACHED_MAX: usize = 5;
+/// Batches remembered per producer. Kafka keeps 5, its clients' limit of
+/// `max.in.flight.requests.per.connection` with idempotence; Shardlog's
+/// client keeps up to 8 requests in flight per connection
+/// (`IDEMPOTENT_IN_FLIGHT_MAX` there). A request may carry several batches
+/// of one partition, so more than 8 can be in flight: a retry of one older
+/// than the cache is refused as out of order (and fails after its delivery
+/// timeout although it is stored), never stored twice.
+pub const BATCHES_CACHED_MAX: usize = 8;
 /// A producer unseen this long is forgotten (Kafka's default
 /// `producer.id.expiration.ms`, one day).
 pub const PRODUCER_EXPIRATION_MS: i64 = 86_400_000;
@@ -302,9 +307,9 @@ mod tests {
     }
 
     #[test]
-    fn window_keeps_last_five_and_sequences_wrap() {
+    fn window_keeps_the_last_batches_and_sequences_wrap() {
         let mut s = ProducerStates::default();
-        for i in 0..6u64 {
+        for i in 0..=BATCHES_CACHED_MAX as u64 {
             s.record(1, 0, b(i as i32 * 10, i as i32 * 10 + 9, i * 10), 0);
         }
         assert!(s.check(1, 0, 0, 9).is_err(), "evicted batch is no longer a duplicate");

@@ -96,10 +96,65 @@ impl ShardContext {
                 opened_offsets = hosted.into_iter().filter(|p| self.partition(name, *p).is_some()).collect();
             }
         }
+        self.sync_hosted(&md).await;
         self.apply_roles(&md).await;
         *self.cluster_md.borrow_mut() = Some(md);
         for p in opened_offsets {
             self.groups.load_partition(self, p).await;
+        }
+    }
+
+    /// Reassignment (`cluster::reassign`): opens the replicas of open topics
+    /// placed on this broker since, and closes and deletes those moved away
+    /// (their fetchers stop first; waiting consumers are woken and find the
+    /// partition gone, a retriable `NotLeaderOrFollower`).
+    async fn sync_hosted(&self, md: &ClusterMetadata) {
+        let me = self.config.broker_id;
+        for (name, topic) in &md.topics {
+            let Some(meta) = self.topics.borrow().get(name).cloned() else { continue };
+            let Some(key) = self.partitions.borrow().get_key_value(name.as_str()).map(|(k, _)| k.clone())
+            else {
+                continue;
+            };
+            for (i, info) in topic.partitions.iter().enumerate() {
+                let p = i as u32;
+                if self.owner(name, p) != self.id {
+                    continue;
+                }
+                match (self.partition(name, p), info.replicas.contains(&me)) {
+                    (None, true) => match self.open_partition(&meta, key.clone(), p).await {
+                        Ok(part) => {
+                            if let Some(slot) =
+                                self.partitions.borrow_mut().get_mut(name.as_str()).and_then(|s| s.get_mut(i))
+                            {
+                                *slot = Some(part);
+                            }
+                            tracing::info!(topic = %name, partition = p, "replica placed here: opened");
+                        }
+                        Err(e) => {
+                            tracing::error!(topic = %name, partition = p, error = %e, "cannot open a replica placed here; retried at the next change")
+                        }
+                    },
+                    (Some(part), false) => {
+                        if let Some(slot) =
+                            self.partitions.borrow_mut().get_mut(name.as_str()).and_then(|s| s.get_mut(i))
+                        {
+                            *slot = None;
+                        }
+                        part.replica.stop();
+                        part.data.notify();
+                        match part.log.delete().await {
+                            Ok(()) => {
+                                tracing::info!(topic = %name, partition = p, "replica moved away: deleted")
+                            }
+                            Err(e) => {
+                                tracing::warn!(topic = %name, partition = p, error = %e, "cannot delete a replica moved away")
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
         }
     }
 

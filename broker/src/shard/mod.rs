@@ -359,14 +359,8 @@ impl ShardContext {
             if self.owner(&meta.name, p) != self.id || !here(p) {
                 continue;
             }
-            let dir = partition_dir(&self.config.data_dir, &meta.name, p);
-            match Partition::open(dir, name.clone(), p, meta.config.clone(), self.log_options.clone()).await {
-                Ok(part) => {
-                    if let Some(hw) = self.restored_hw.borrow_mut().remove(&(meta.name.clone(), p)) {
-                        part.replica.restore_hw(hw.min(part.log.end_offset().0));
-                    }
-                    slots[p as usize] = Some(Rc::new(part));
-                }
+            match self.open_partition(&meta, name.clone(), p).await {
+                Ok(part) => slots[p as usize] = Some(part),
                 Err(source) => {
                     if created {
                         self.undo_partitions(&meta.name, p, slots).await;
@@ -378,6 +372,22 @@ impl ShardContext {
         self.partitions.borrow_mut().insert(name, slots);
         self.topics.borrow_mut().insert(meta.name.clone(), meta);
         Ok(())
+    }
+
+    /// Opens (or creates) one partition's log, with the high watermark its
+    /// checkpoint kept.
+    pub(super) async fn open_partition(
+        &self,
+        meta: &TopicMeta,
+        name: Rc<str>,
+        p: u32,
+    ) -> Result<Rc<Partition>, crate::log::LogError> {
+        let dir = partition_dir(&self.config.data_dir, &meta.name, p);
+        let part = Partition::open(dir, name, p, meta.config.clone(), self.log_options.clone()).await?;
+        if let Some(hw) = self.restored_hw.borrow_mut().remove(&(meta.name.clone(), p)) {
+            part.replica.restore_hw(hw.min(part.log.end_offset().0));
+        }
+        Ok(Rc::new(part))
     }
 
     /// Leaves nothing of a topic creation that failed at partition `failed`:

@@ -57,6 +57,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::sync::{Semaphore, TryAcquireError};
 
+/// Requests in flight per connection with idempotence (the broker's
+/// `BATCHES_CACHED_MAX`: the batches it remembers per producer and partition).
+pub const IDEMPOTENT_IN_FLIGHT_MAX: usize = 8;
+
 /// The offset reported for records sent with `Acks::None` (the broker sends
 /// no response, so the offset is never known).
 pub const OFFSET_UNKNOWN: u64 = u64::MAX;
@@ -176,9 +180,17 @@ impl Producer {
         }
         // Semaphore permits are counted in u32 chunks per acquire and capped overall.
         let buffer_bytes_max = config.buffer_bytes_max.min(Semaphore::MAX_PERMITS).min(u32::MAX as usize);
-        let client = ClientConfig { max_in_flight: config.max_in_flight, ..config.client.clone() };
-        let cluster = Cluster::connect(client, Some(&[])).await?;
         let idempotent = config.enable_idempotence && config.acks != crate::config::Acks::None;
+        // The broker remembers that many batches per producer and partition:
+        // more in flight, and a retry of the oldest after a lost connection
+        // would be refused as out of order instead of answered as a duplicate.
+        let max_in_flight = if idempotent {
+            config.max_in_flight.min(IDEMPOTENT_IN_FLIGHT_MAX)
+        } else {
+            config.max_in_flight
+        };
+        let client = ClientConfig { max_in_flight, ..config.client.clone() };
+        let cluster = Cluster::connect(client, Some(&[])).await?;
         let producer = if idempotent { Some(init_producer_id(&cluster).await?) } else { None };
         let buffer = Arc::new(Semaphore::new(buffer_bytes_max));
         let core = Core::start(cluster, &config, buffer.clone(), producer);
