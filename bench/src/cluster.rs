@@ -18,7 +18,7 @@
 //!    (polled every 5 ms). The killed broker restarts between rounds.
 
 #[path = "../../broker/tests/common/zk.rs"]
-mod zk;
+pub(crate) mod zk;
 
 use crate::broker::{self, Broker, SpawnOptions};
 use crate::env;
@@ -60,7 +60,7 @@ struct Cluster {
     brokers: BTreeMap<i32, (Broker, SpawnOptions)>,
 }
 
-fn spawn_member(
+pub(crate) fn spawn_member(
     bin: &Path,
     root: &Path,
     id: i32,
@@ -152,27 +152,25 @@ async fn propagation(cluster: &Cluster, rounds: usize, partitions: u32) -> anyho
 
 /// What one throughput measurement gives.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
-struct Throughput {
-    records_per_s: f64,
-    bytes_per_s: f64,
-    client_cpu_us_per_record: f64,
-    broker_cpu_us_per_record: f64,
+pub(crate) struct Throughput {
+    pub records_per_s: f64,
+    pub bytes_per_s: f64,
+    pub client_cpu_us_per_record: f64,
+    pub broker_cpu_us_per_record: f64,
 }
 
 /// A closed loop of keyed records through `bootstrap` for `seconds`.
-async fn produce(
+pub(crate) async fn produce(
     bootstrap: &str,
     topic: &str,
     seconds: u64,
     record_bytes: usize,
     pids: &[u32],
+    acks: Acks,
 ) -> anyhow::Result<Throughput> {
-    let producer = Producer::new(ProducerConfig {
-        client: ClientConfig::new(bootstrap),
-        acks: Acks::Leader,
-        ..Default::default()
-    })
-    .await?;
+    let producer =
+        Producer::new(ProducerConfig { client: ClientConfig::new(bootstrap), acks, ..Default::default() })
+            .await?;
     let value = bytes::Bytes::from(vec![b'x'; record_bytes]);
     // Warm-up: connections, metadata, first batches.
     for i in 0..10_000u64 {
@@ -250,9 +248,19 @@ fn failover(
     Ok(out)
 }
 
-pub fn run(a: &ClusterArgs) -> anyhow::Result<()> {
-    let bin = match &a.broker_bin {
-        Some(b) => b.clone(),
+/// What every cluster benchmark starts from: the broker binary, a running
+/// 3-node ensemble, a data root, a client runtime, the brokers' connect string.
+pub(crate) struct Setup {
+    pub bin: PathBuf,
+    pub ensemble: zk::Ensemble,
+    pub root: tempfile::TempDir,
+    pub rt: tokio::runtime::Runtime,
+    pub connect: String,
+}
+
+pub(crate) fn setup(broker_bin: Option<&Path>) -> anyhow::Result<Setup> {
+    let bin = match broker_bin {
+        Some(b) => b.to_path_buf(),
         None => broker::default_binary()?,
     };
     let Some(ensemble) = zk::Ensemble::start() else {
@@ -261,6 +269,11 @@ pub fn run(a: &ClusterArgs) -> anyhow::Result<()> {
     let root = tempfile::tempdir()?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let connect = format!("{}/bench", ensemble.connect_string());
+    Ok(Setup { bin, ensemble, root, rt, connect })
+}
+
+pub fn run(a: &ClusterArgs) -> anyhow::Result<()> {
+    let Setup { bin, ensemble, root, rt, connect } = setup(a.broker_bin.as_deref())?;
     let mut cluster = Cluster { connect: connect.clone(), brokers: BTreeMap::new() };
     for id in 1..=3 {
         cluster.brokers.insert(id, spawn_member(&bin, root.path(), id, &connect, a.session_ms)?);
@@ -279,7 +292,8 @@ pub fn run(a: &ClusterArgs) -> anyhow::Result<()> {
             .await
     })?;
     let pids: Vec<u32> = cluster.brokers.values().map(|(b, _)| b.pid()).collect();
-    let three = rt.block_on(produce(&bootstrap, "throughput", a.seconds, a.record_bytes, &pids))?;
+    let three =
+        rt.block_on(produce(&bootstrap, "throughput", a.seconds, a.record_bytes, &pids, Acks::Leader))?;
 
     eprintln!("cluster: controller failover, {} rounds each of SIGKILL and SIGTERM", a.failover_rounds);
     let killed = failover(&mut cluster, &rt, a.failover_rounds, libc::SIGKILL)?;
@@ -301,7 +315,8 @@ pub fn run(a: &ClusterArgs) -> anyhow::Result<()> {
             .await?
             .create_topic("throughput", a.partitions, &[])
             .await?;
-        produce(&single.ready.listen, "throughput", a.seconds, a.record_bytes, &[single.pid()]).await
+        produce(&single.ready.listen, "throughput", a.seconds, a.record_bytes, &[single.pid()], Acks::Leader)
+            .await
     })?;
     drop(single);
 

@@ -25,6 +25,7 @@ mod limits;
 mod order;
 mod pacer;
 mod plot;
+mod replication;
 mod report;
 mod runner;
 mod sched;
@@ -58,6 +59,9 @@ enum Cmd {
     /// Cluster benchmarks (ZooKeeper): metadata propagation, controller
     /// failover, produce throughput of 3 brokers against 1.
     Cluster(cluster::ClusterArgs),
+    /// Replication benchmarks (ZooKeeper): RF 1 against RF 3 with acks=1
+    /// and acks=all, acknowledgement latency, follower catch-up.
+    Replication(replication::ReplicationArgs),
 }
 
 /// Options of `run`.
@@ -176,6 +180,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Readme(a) => update_readme(&a.out),
         Cmd::Groups(a) => groups::run(&a),
         Cmd::Cluster(a) => cluster::run(&a),
+        Cmd::Replication(a) => replication::run(&a),
         Cmd::Validate { report } => {
             let r = report::load_and_validate(&report)?;
             println!(
