@@ -563,6 +563,20 @@ fn wait_deleted(dir: &Path, topic: &str, p: u32) {
     });
 }
 
+/// Waits until the metadata of `topic` satisfies `want` (a reassignment
+/// done in ZooKeeper reaches the brokers' snapshots a moment later).
+fn settled(
+    rt: &tokio::runtime::Runtime,
+    nodes: &[Node],
+    topic: &str,
+    want: impl Fn(&[PartitionDescription]) -> bool,
+) -> Vec<PartitionDescription> {
+    wait_for("the metadata shows the move", Duration::from_secs(10), || {
+        describe(rt, &bootstrap(nodes), topic).filter(|ps| want(ps))
+    })
+    .0
+}
+
 #[test]
 fn reassignment_and_rebalance_move_replicas_under_load_and_lose_nothing() {
     let _one = serial();
@@ -581,10 +595,11 @@ fn reassignment_and_rebalance_move_replicas_under_load_and_lose_nothing() {
     let acked: Acked = Arc::default();
     let producer = spawn_producer(bootstrap(&nodes), topic, partitions, stop.clone(), acked.clone());
     let acked_past = |n: usize| {
-        wait_for(&format!("{n} more acknowledged"), Duration::from_secs(30), || {
+        let (_, took) = wait_for(&format!("over {n} acknowledged"), Duration::from_secs(90), || {
             let now = acked.lock().expect("acked").len();
             (now > n).then_some(())
         });
+        eprintln!("over {n} acknowledged after {took:?}");
     };
     acked_past(5_000);
 
@@ -612,7 +627,10 @@ fn reassignment_and_rebalance_move_replicas_under_load_and_lose_nothing() {
     let (ok, text) =
         cluster_cli(&connect, &["reassign", "--topic", topic, "--partition", "0", "--replicas", &list]);
     assert!(ok && text.contains("reassignment done"), "{text}");
-    let after = describe(&rt, &bootstrap(&nodes), topic).expect("describe");
+    // Done in ZooKeeper: the brokers' metadata follows within milliseconds.
+    let after = settled(&rt, &nodes, topic, |ps: &[PartitionDescription]| {
+        ps[0].replicas == target && ps[0].isr.len() == target.len()
+    });
     assert_eq!(after[0].replicas, target);
     let mut isr = after[0].isr.clone();
     isr.sort_unstable();
@@ -655,7 +673,10 @@ fn reassignment_and_rebalance_move_replicas_under_load_and_lose_nothing() {
         let (ok, text) = cluster_cli(&connect, &["status", "--output", "json"]);
         (ok && text.contains("\"reassignments\":[]")).then_some(())
     });
-    let spread = describe(&rt, &bootstrap(&nodes), topic).expect("describe");
+    let spread = settled(&rt, &nodes, topic, |ps: &[PartitionDescription]| {
+        ps.iter().all(|p| p.replicas.len() == 2 && p.isr.len() == 2)
+            && (1..=4).all(|b| ps.iter().any(|p| p.replicas.contains(&b)))
+    });
     for b in 1..=4 {
         let held = spread.iter().filter(|p| p.replicas.contains(&b)).count();
         assert_eq!(held, 1, "broker {b} holds {held} of 4 replicas: {spread:?}");
@@ -665,7 +686,9 @@ fn reassignment_and_rebalance_move_replicas_under_load_and_lose_nothing() {
     // 3. Decommissioning: every replica off broker 1.
     let (ok, text) = cluster_cli(&connect, &["rebalance", "--exclude-broker", "1"]);
     assert!(ok && text.contains("reassignment done"), "{text}");
-    let off = describe(&rt, &bootstrap(&nodes), topic).expect("describe");
+    let off = settled(&rt, &nodes, topic, |ps: &[PartitionDescription]| {
+        ps.iter().all(|p| !p.replicas.contains(&1) && p.isr.len() == 2)
+    });
     assert!(off.iter().all(|p| !p.replicas.contains(&1) && p.leader_broker != 1), "{off:?}");
     for p in 0..partitions {
         wait_deleted(nodes[0].dir.path(), topic, p);

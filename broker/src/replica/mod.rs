@@ -24,7 +24,11 @@
 //!   snapshot shows it. A leader whose write is rejected (the controller or
 //!   another leader changed the state) waits for the snapshot that says why;
 //! - `acks=all` is answered when the high watermark passes the batch, so
-//!   every ISR member had it; `min.insync.replicas` is checked first.
+//!   every ISR member had it; `min.insync.replicas` is checked first;
+//! - while an ISR change is asked for, the high watermark counts the larger
+//!   of the two ISRs (Kafka's KIP-497): a follower being added may be
+//!   elected as soon as the write is in ZooKeeper, before this leader sees
+//!   the snapshot, so it must already hold everything acknowledged.
 
 pub mod checkpoint;
 pub mod fetcher;
@@ -64,6 +68,11 @@ pub struct LeaderState {
     pub followers: BTreeMap<i32, FollowerProgress>,
     /// An ISR change was asked for and not yet answered.
     pub isr_pending: bool,
+    /// The ISR asked for while `isr_pending`. The high watermark counts
+    /// its members too (the larger ISR, Kafka's KIP-497): once the write
+    /// is in ZooKeeper the controller may elect an added follower, so it
+    /// must already hold everything acknowledged.
+    pub isr_asked: Vec<i32>,
 }
 
 /// The follower's side.
@@ -177,7 +186,8 @@ impl Replica {
         let role = self.role.borrow();
         let Role::Leader(l) = &*role else { return false };
         let mut hw = log_hw;
-        for id in &l.isr {
+        let asked = l.isr_asked.iter().filter(|id| l.isr_pending && !l.isr.contains(id));
+        for id in l.isr.iter().chain(asked) {
             if let Some(f) = l.followers.get(id) {
                 hw = hw.min(f.log_end.unwrap_or(0));
             }
@@ -236,6 +246,7 @@ impl Replica {
             return None;
         }
         l.isr_pending = true;
+        l.isr_asked.clone_from(&isr);
         Some(IsrChange { isr, leader_epoch: l.epoch, state_version: l.state_version })
     }
 
@@ -243,6 +254,7 @@ impl Replica {
     pub fn isr_answered(&self) {
         if let Role::Leader(l) = &mut *self.role.borrow_mut() {
             l.isr_pending = false;
+            l.isr_asked.clear();
         }
     }
 
@@ -254,6 +266,7 @@ impl Replica {
             if l.epoch == info.leader_epoch {
                 if l.state_version != state_version {
                     l.isr_pending = false;
+                    l.isr_asked.clear();
                 }
                 l.isr.clone_from(&info.isr);
                 l.state_version = state_version;
@@ -278,6 +291,7 @@ impl Replica {
             replicas: info.replicas.clone(),
             followers,
             isr_pending: false,
+            isr_asked: Vec::new(),
         });
         true
     }
@@ -398,6 +412,36 @@ mod tests {
         let expand = r.wanted_isr_change(1, t1, lag).expect("expand");
         assert_eq!(expand.isr, vec![1, 2]);
         assert_eq!(expand.state_version, 8);
+    }
+
+    #[test]
+    fn an_asked_for_follower_counts_for_the_high_watermark_before_zookeeper_answers() {
+        let r = Replica::default();
+        let t0 = Instant::now();
+        let lag = Duration::from_secs(10);
+        // Replicas 1 (leader), 2 in sync, 3 new and catching up.
+        r.lead(1, &info(&[1, 2, 3], &[1, 2], 1, 1), 5, t0);
+        r.on_follower_fetch(2, 100, 100, 100, t0);
+        r.on_follower_fetch(3, 100, 100, 100, t0);
+        assert_eq!(r.high_watermark(100), 100);
+        let expand = r.wanted_isr_change(1, t0, lag).expect("3 caught up");
+        assert_eq!(expand.isr, vec![1, 2, 3]);
+        // Appends go on; 2 has them, 3 not yet. Once the expansion is in
+        // ZooKeeper 3 may be elected: nothing it lacks may be acknowledged,
+        // whether or not the snapshot has come back.
+        r.on_follower_fetch(2, 200, 200, 200, t0);
+        assert_eq!(r.high_watermark(200), 100, "waits for the follower being added");
+        r.on_follower_fetch(3, 200, 200, 200, t0);
+        assert_eq!(r.high_watermark(200), 200);
+        // A refused expansion stops counting it.
+        let r = Replica::default();
+        r.lead(1, &info(&[1, 2, 3], &[1, 2], 1, 1), 5, t0);
+        r.on_follower_fetch(2, 100, 100, 100, t0);
+        r.on_follower_fetch(3, 100, 100, 100, t0);
+        r.wanted_isr_change(1, t0, lag).expect("expand");
+        r.isr_answered();
+        r.on_follower_fetch(2, 200, 200, 200, t0);
+        assert_eq!(r.high_watermark(200), 200);
     }
 
     #[test]
