@@ -291,7 +291,8 @@ pub async fn fenced_write(
     }
 }
 
-fn json<T: Serialize>(path: &str, value: &T) -> Result<Vec<u8>, ControllerError> {
+/// `value` as the JSON of znode `path` (the path names a failure).
+pub(super) fn json<T: Serialize>(path: &str, value: &T) -> Result<Vec<u8>, ControllerError> {
     serde_json::to_vec(value).map_err(|source| ControllerError::Json { path: path.into(), source })
 }
 

@@ -185,8 +185,7 @@ pub fn validate(
 
 /// Leaves a reassignment for the controller (any tool may call this).
 pub async fn request(client: &zkc::Client, moves: &[PartitionMove]) -> Result<(), ReassignError> {
-    let data = serde_json::to_vec(&ReassignmentRequest { moves: moves.to_vec() })
-        .map_err(|source| ControllerError::Json { path: paths::REASSIGNMENT.into(), source })?;
+    let data = controller::json(paths::REASSIGNMENT, &ReassignmentRequest { moves: moves.to_vec() })?;
     let persistent = zkc::CreateMode::Persistent.with_acls(zkc::Acls::anyone_all());
     match client.create(paths::REASSIGNMENT, &data, &persistent).await {
         Ok(_) => Ok(()),
@@ -288,7 +287,7 @@ pub async fn serve(
                     };
                     controller::check_transition(state.state, next.state)?;
                     writes.push(Write::Set {
-                        data: to_json(&state_path, &next)?,
+                        data: controller::json(&state_path, &next)?,
                         path: state_path,
                         version: state_version,
                     });
@@ -299,7 +298,7 @@ pub async fn serve(
                     if isr != state.isr {
                         let next = PartitionStateZnode { isr, controller_epoch: epoch.epoch, ..state };
                         writes.push(Write::Set {
-                            data: to_json(&state_path, &next)?,
+                            data: controller::json(&state_path, &next)?,
                             path: state_path,
                             version: state_version,
                         });
@@ -312,7 +311,10 @@ pub async fn serve(
             }
         }
         if assignment_changed {
-            writes.insert(0, Write::Set { data: to_json(&path, &assignment)?, path, version: stat.version });
+            writes.insert(
+                0,
+                Write::Set { data: controller::json(&path, &assignment)?, path, version: stat.version },
+            );
         }
         if writes.is_empty() {
             continue;
@@ -336,17 +338,13 @@ pub async fn serve(
         tracing::info!("reassignment complete");
         Write::Delete { path: paths::REASSIGNMENT.into(), version }
     } else {
-        let data = to_json(paths::REASSIGNMENT, &ReassignmentRequest { moves: pending.clone() })?;
+        let data = controller::json(paths::REASSIGNMENT, &ReassignmentRequest { moves: pending.clone() })?;
         Write::Set { path: paths::REASSIGNMENT.into(), data, version }
     };
     match fenced_write(client, epoch, &[write]).await {
         Ok(()) | Err(ControllerError::Conflict { .. }) => Ok(pending.len()),
         Err(e) => Err(e),
     }
-}
-
-fn to_json<T: Serialize>(path: &str, value: &T) -> Result<Vec<u8>, ControllerError> {
-    serde_json::to_vec(value).map_err(|source| ControllerError::Json { path: path.into(), source })
 }
 
 /// Why no rebalance plan can be made.
