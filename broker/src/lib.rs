@@ -527,6 +527,7 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
     let accept_public = glommio::spawn_local(net::accept_loop(ctx.clone(), public, "public"));
     let accept_own = glommio::spawn_local(net::accept_loop(ctx.clone(), own, "shard"));
     let retention = glommio::spawn_local(retention_loop(ctx.clone()));
+    let recovery_points = glommio::spawn_local(recovery_point_loop(ctx.clone()));
     let kafka = spec.listeners.kafka.map(|(shared, own)| {
         let (shared, own) = (net::into_listener(shared), net::into_listener(own));
         glommio::spawn_local(futures_lite::future::zip(
@@ -546,7 +547,7 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
     if let Some(kafka) = kafka {
         kafka.cancel().await;
     }
-    shutdown_shard(&ctx, [accept_public, accept_own, retention, groups, follow]).await
+    shutdown_shard(&ctx, [accept_public, accept_own, retention, recovery_points, groups, follow]).await
 }
 
 /// Expires group members and ends rebalances at their deadlines.
@@ -557,7 +558,7 @@ async fn group_loop(ctx: Rc<ShardContext>) {
     }
 }
 
-async fn shutdown_shard(ctx: &Rc<ShardContext>, tasks: [glommio::Task<()>; 5]) -> Result<(), String> {
+async fn shutdown_shard(ctx: &Rc<ShardContext>, tasks: [glommio::Task<()>; 6]) -> Result<(), String> {
     ctx.shutting_down.set(true);
     for t in tasks {
         t.cancel().await;
@@ -607,6 +608,25 @@ async fn retention_loop(ctx: Rc<ShardContext>) {
             }
             if let Err(e) = p.log.compact(now_ms).await {
                 tracing::error!(topic = %p.topic, partition = p.id, error = %e, "compaction failed");
+            }
+            glommio::yield_if_needed().await;
+        }
+    }
+}
+
+/// Writes each owned partition's recovery point at the configured interval
+/// (`log::recovery_point`); a partition that wrote little since its last
+/// one is skipped without I/O.
+async fn recovery_point_loop(ctx: Rc<ShardContext>) {
+    let every = ctx.config.recovery_point_interval;
+    if every.is_zero() {
+        return;
+    }
+    loop {
+        glommio::timer::sleep(every).await;
+        for p in ctx.owned_partitions() {
+            if let Err(e) = p.log.write_recovery_point().await {
+                tracing::warn!(topic = %p.topic, partition = p.id, error = %e, "cannot write the recovery point");
             }
             glommio::yield_if_needed().await;
         }

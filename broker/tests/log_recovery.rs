@@ -7,24 +7,6 @@ use shardlog_broker::config::{FlushPolicy, TopicConfig};
 use shardlog_broker::log::Log;
 use std::path::{Path, PathBuf};
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
-}
-
-fn last_log_file(dir: &Path) -> PathBuf {
-    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "log"))
-        .collect();
-    logs.sort();
-    logs.pop().unwrap()
-}
-
 /// Builds a cleanly closed log of several segments; returns the expected batches.
 fn build(dir: &Path, config: &TopicConfig, batches: u64) -> Vec<Appended> {
     run(async {

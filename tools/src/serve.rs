@@ -108,6 +108,11 @@ pub struct ServeArgs {
     fetch_wait_ms_max: Option<u32>,
     #[arg(long)]
     retention_check_interval_ms: Option<u64>,
+    /// How often each partition records how much of its active segment is
+    /// durable, so a restart after a crash validates only what came after
+    /// (0: never; then it validates whole active segments).
+    #[arg(long)]
+    recovery_point_interval_ms: Option<u64>,
     /// How fetches send segment bytes: `splice` (io_uring zero-copy; falls
     /// back to plain with a warning where unavailable) or `plain` (read + send).
     #[arg(long, env = "SHARDLOG_FETCH_PATH", value_name = "splice|plain")]
@@ -287,6 +292,9 @@ pub fn build_config(args: ServeArgs) -> anyhow::Result<BrokerConfig> {
     if let Some(ms) = args.retention_check_interval_ms.or(file.retention_check_interval_ms) {
         config.retention_check_interval = Duration::from_millis(ms);
     }
+    if let Some(ms) = args.recovery_point_interval_ms.or(file.recovery_point_interval_ms) {
+        config.recovery_point_interval = Duration::from_millis(ms);
+    }
     // File entries first, then flags, so flags win.
     for (k, v) in &file.topic_defaults {
         config.topic_defaults.set(k, v).with_context(|| format!("topic default `{k}` in config file"))?;
@@ -362,6 +370,7 @@ mod tests {
         assert_eq!(example.hot_tail_shard_bytes, defaults.hot_tail_shard_bytes);
         assert_eq!(example.hot_tail_partition_bytes, defaults.hot_tail_partition_bytes);
         assert_eq!(example.retention_check_interval, defaults.retention_check_interval);
+        assert_eq!(example.recovery_point_interval, defaults.recovery_point_interval);
         assert_eq!(example.fetch_path, defaults.fetch_path);
         assert_eq!((example.listen, &example.data_dir), (defaults.listen, &defaults.data_dir));
         assert_eq!(example.pin_cores, defaults.pin_cores);

@@ -80,6 +80,7 @@ pub struct ServeSettings {
     pub shard_buffered_bytes_max: Option<usize>,
     pub fetch_wait_ms_max: Option<u32>,
     pub retention_check_interval_ms: Option<u64>,
+    pub recovery_point_interval_ms: Option<u64>,
     pub fetch_path: Option<String>,
     pub hot_tail_shard_bytes: Option<u64>,
     pub hot_tail_partition_bytes: Option<u64>,

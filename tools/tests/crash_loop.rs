@@ -48,7 +48,8 @@ fn sigkill_loop_loses_and_duplicates_nothing_acknowledged() {
     eprintln!("crash loop: {cycles} cycles, seed {seed}");
     let mut rng = Lcg(seed);
     let listen = format!("127.0.0.1:{}", free_port(&mut rng));
-    let mut broker = Broker::start_with(&["--listen", &listen]);
+    // Recovery points every 50 ms: most restarts resume from one.
+    let mut broker = Broker::start_with(&["--listen", &listen, "--recovery-point-interval-ms", "50"]);
     broker.ok(&["topic", "create", "crash", "--partitions", "2", "--config", "flush.policy=always"], "");
 
     let rt =

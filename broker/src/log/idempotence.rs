@@ -126,10 +126,12 @@ pub(super) async fn write_snapshot(sh: &Shared) -> Result<(), LogError> {
 /// Rebuilds the producer state at open: the snapshot (if any, and readable)
 /// plus the idempotent batches `scan` found at or after its offset; nothing
 /// past `end` (the recovered log end) is kept.
-pub(super) fn rebuild(dir: &Path, scan: &Scan, end: u64) -> ProducerStates {
+/// `snapshot` replaces the file's: a recovery point's, as of where the scan
+/// resumed (`recovery_point`).
+pub(super) fn rebuild(dir: &Path, scan: &Scan, end: u64, snapshot: Option<Vec<u8>>) -> ProducerStates {
     let path = dir.join(PRODUCER_SNAPSHOT_FILE);
     // One-off small read at open, like the clean-shutdown marker.
-    let (mut states, from) = match std::fs::read(&path) {
+    let (mut states, from) = match snapshot.map_or_else(|| std::fs::read(&path), Ok) {
         Ok(bytes) => match ProducerStates::decode_snapshot(&bytes) {
             Ok(loaded) => loaded,
             Err(e) => {

@@ -210,6 +210,12 @@ impl IndexBuilder {
         }
     }
 
+    /// (largest, first) batch timestamps so far, `i64::MIN` when none.
+    #[must_use]
+    pub fn timestamps(&self) -> (i64, i64) {
+        (self.max_timestamp, self.first_timestamp.unwrap_or(i64::MIN))
+    }
+
     /// Records a batch written at `pos` (batches arrive in position order).
     pub fn on_batch(&mut self, rel_offset: u32, pos: u64, first_ts: i64, max_ts: i64) {
         if pos > 0 && pos - self.last_entry_pos >= self.interval_bytes {

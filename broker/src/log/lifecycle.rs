@@ -62,6 +62,7 @@ impl Log {
         sh.st.borrow_mut().shut = true;
         // A running compaction pass stops after its current group.
         compact::wait_not_compacting(sh).await;
+        recovery_point::wait_idle(sh).await;
         flush_inner(sh).await?;
         let (base, end_pos, next) = {
             let st = sh.st.borrow();
@@ -86,6 +87,7 @@ impl Log {
         wait_not_rolling(sh).await;
         sh.st.borrow_mut().shut = true;
         compact::wait_not_compacting(sh).await;
+        recovery_point::wait_idle(sh).await;
         // Let in-flight writes finish so no task touches the files afterwards;
         // their errors do not matter any more.
         if let Err(e) = flush_inner(sh).await {

@@ -272,6 +272,8 @@ struct Shared {
     write_tick: Cell<Option<u64>>,
     /// A leader-epoch checkpoint write is in progress (`epochs`).
     epochs_writing: Cell<bool>,
+    /// A recovery point is being written (`recovery_point`).
+    recovery_point_writing: Cell<bool>,
 }
 
 type AppendSlot = Slot<Result<(), LogError>>;
@@ -322,6 +324,8 @@ struct State {
     producers: producers::ProducerStates,
     /// The leader-epoch history (`epochs`).
     epochs: LeaderEpochs,
+    /// The last recovery point written (`recovery_point`).
+    recovery_point: recovery_point::Written,
 }
 
 /// Metadata of a batch copied into the fill buffer but not yet written.
@@ -364,6 +368,10 @@ struct Active {
     written_next: u64,
     durable_pos: u64,
     durable_next: u64,
+    /// The index's (entries, time entries) and (max, first) timestamps
+    /// when it covered exactly `[0, durable_pos)`, for the recovery point.
+    durable_index: (usize, usize),
+    durable_max_ts: (i64, i64),
     /// File size after preallocation.
     allocated: u64,
     /// Bytes `[fill_start, fill_start + fill_len)` of the segment, in
@@ -846,6 +854,8 @@ impl Active {
             written_next: scan.next_offset,
             durable_pos: end,
             durable_next: scan.next_offset,
+            durable_index: (scan.index.entries.len(), scan.index.times.len()),
+            durable_max_ts: scan.index.timestamps(),
             allocated: end,
             fill_len: tail.len(),
             fill,
@@ -894,6 +904,7 @@ mod idempotence;
 mod lifecycle;
 mod read;
 mod recovery;
+mod recovery_point;
 mod roll;
 mod write;
 

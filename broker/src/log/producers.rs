@@ -250,11 +250,31 @@ impl ProducerStates {
         self.producers.is_empty()
     }
 
+    /// A snapshot as of `offset` of a state that may hold batches past it:
+    /// those are left out (what `truncate_from(offset)` would leave).
+    #[must_use]
+    pub fn encode_snapshot_before(&self, offset: u64) -> Vec<u8> {
+        let producers: Vec<(i64, Entry)> = self
+            .producers
+            .iter()
+            .map(|(id, e)| {
+                let mut e = e.clone();
+                while e.batches.back().is_some_and(|b| b.last_offset >= offset) {
+                    e.batches.pop_back();
+                }
+                (*id, e)
+            })
+            .collect();
+        Self::encode_entries(producers, offset)
+    }
+
     /// The snapshot of this state as of `offset` (the log's end).
     #[must_use]
     pub fn encode_snapshot(&self, offset: u64) -> Vec<u8> {
-        let mut producers: Vec<(i64, Entry)> =
-            self.producers.iter().map(|(id, e)| (*id, e.clone())).collect();
+        Self::encode_entries(self.producers.iter().map(|(id, e)| (*id, e.clone())).collect(), offset)
+    }
+
+    fn encode_entries(mut producers: Vec<(i64, Entry)>, offset: u64) -> Vec<u8> {
         producers.sort_unstable_by_key(|(id, _)| *id);
         let snap = Snapshot { version: SNAPSHOT_VERSION, offset, producers };
         serde_json::to_vec(&snap).expect("a producer snapshot serializes")

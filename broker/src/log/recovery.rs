@@ -2,7 +2,7 @@
 //! and `truncate_to`, which reuses the same scan.
 
 use super::*;
-use segment::{recover_scan, SegmentFile};
+use segment::{recover_scan, recover_scan_from, SegmentFile};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 
@@ -231,13 +231,13 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
     }
     let (base, size) = segments.last().copied().unwrap_or((0, 0));
     options.files.admit();
-    let (file, reader, scan, tail) = open_last(&dir, base, size, &config, marker.as_ref()).await?;
+    let (file, reader, scan, resumed) = open_last(&dir, base, size, &config, marker.as_ref()).await?;
     let block = BLOCK_BYTES_MIN.max(file.alignment());
     assert!(block.is_power_of_two(), "block size is a power of two");
     let path = segment::segment_path(&dir, base, LOG_EXT);
     let tail_start = align_down(scan.valid_bytes, block);
-    let tail = if tail.len() as u64 == scan.valid_bytes - tail_start {
-        tail
+    let tail = if scan.valid_bytes == tail_start {
+        Vec::new()
     } else {
         reader.read_bytes(tail_start, (scan.valid_bytes - tail_start) as usize).await?
     };
@@ -245,7 +245,11 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
     // memory, and the first one that does not reopens it lazily.
     drop(reader);
     let file = counted_write_file(file, &options.files);
-    let producers = idempotence::rebuild(&dir, &scan, scan.next_offset);
+    let (point_written, point_producers) = match resumed {
+        Some((w, producers)) => (w, Some(producers)),
+        None => (recovery_point::Written::default(), None),
+    };
+    let producers = idempotence::rebuild(&dir, &scan, scan.next_offset, point_producers);
     let epochs = epochs::LeaderEpochs::load(&dir, scan.next_offset);
     let active = Active::new(base, path, file, ReaderSlot::new(&options.files), scan, tail);
     let hot =
@@ -287,6 +291,7 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
             cleaned_upto: 0,
             producers,
             epochs,
+            recovery_point: point_written,
         }),
         changed: Notify::default(),
         hot,
@@ -294,6 +299,7 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
         files: options.files,
         write_tick: Cell::new(None),
         epochs_writing: Cell::new(false),
+        recovery_point_writing: Cell::new(false),
     });
     touch_write_file(&sh);
     if marker.is_some() {
@@ -306,21 +312,26 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
     Ok(Log { sh })
 }
 
+/// A recovery point an unclean open resumed from: where it stands, and
+/// its producer snapshot.
+type Resumed = (recovery_point::Written, Vec<u8>);
+
 /// Opens the last segment for appending: trusts its sealed index after a
-/// clean shutdown, otherwise validates it batch by batch and truncates at
-/// the first bad batch.
+/// clean shutdown, otherwise validates it batch by batch (from its recovery
+/// point, when one names it) and truncates at the first bad batch.
 async fn open_last(
     dir: &Path,
     base: u64,
     size: u64,
     config: &TopicConfig,
     marker: Option<&CleanMarker>,
-) -> Result<(DmaFile, Rc<SegmentFile>, Scan, Vec<u8>), LogError> {
+) -> Result<(DmaFile, Rc<SegmentFile>, Scan, Option<Resumed>), LogError> {
     let path = segment::segment_path(dir, base, LOG_EXT);
     let file = open_dma(&path, false).await?;
     let reader = Rc::new(SegmentFile::open(&path).await?);
     let clean = marker.is_some_and(|m| m.active_base == base && m.active_bytes == size);
     let trusted = if clean { segment::read_summary(dir, base, size).await } else { None };
+    let mut resumed = None;
     let scan = match trusted.filter(|s| marker.is_some_and(|m| m.next_offset == s.next_offset)) {
         Some(s) => {
             let entries =
@@ -338,8 +349,29 @@ async fn open_last(
             }
         }
         None => {
-            let scan = recover_scan(&reader, base, size, config.index_interval_bytes, None, 0).await?;
+            let start = match recovery_point::read(dir, base, size).await {
+                Some(point) => {
+                    let written = recovery_point::Written {
+                        base,
+                        pos: point.pos,
+                        file_bytes: point.file_bytes() as u64,
+                    };
+                    let (scan, producers) = point.into_scan(config.index_interval_bytes);
+                    resumed = Some((written, producers));
+                    scan
+                }
+                None => Scan::start(base, config.index_interval_bytes),
+            };
+            let trusted = start.valid_bytes;
+            let scan = recover_scan_from(&reader, base, start, size, None, 0).await?;
             warn_scan(&path, size, &scan);
+            // Says where the open resumed and what it had to validate
+            // (`validated_bytes`: batches checked past the point).
+            tracing::info!(
+                path = %path.display(), trusted_bytes = trusted, validated_bytes = scan.valid_bytes - trusted,
+                file_bytes = size, from_recovery_point = resumed.is_some(),
+                "unclean shutdown: recovered the active segment"
+            );
             scan
         }
     };
@@ -356,7 +388,7 @@ async fn open_last(
     for ext in [INDEX_EXT, TIME_INDEX_EXT] {
         remove_if_exists(&segment::segment_path(dir, base, ext)).await?;
     }
-    Ok((file, reader, scan, Vec::new()))
+    Ok((file, reader, scan, resumed))
 }
 
 /// Truncates to `offset`, which must be a batch boundary when `exact`;
@@ -397,6 +429,8 @@ async fn truncate_inner(sh: &Rc<Shared>, offset: u64, exact: bool) -> Result<u64
     if offset == end {
         return Ok(end);
     }
+    // The point may name bytes the cut removes and later appends rewrite.
+    recovery_point::remove(sh).await?;
     let interval = sh.config.index_interval_bytes;
     let seg_base = if offset >= active_base {
         active_base

@@ -301,7 +301,20 @@ pub(crate) async fn recover_scan(
     stop_at_offset: Option<u64>,
     gaps_below: u64,
 ) -> Result<Scan, LogError> {
-    let mut scan = Scan::start(base, interval_bytes);
+    recover_scan_from(file, base, Scan::start(base, interval_bytes), file_len, stop_at_offset, gaps_below)
+        .await
+}
+
+/// [`recover_scan`] resumed from `scan`, what an earlier scan (or a
+/// recovery point) found in the segment's first `scan.valid_bytes` bytes.
+pub(crate) async fn recover_scan_from(
+    file: &SegmentFile,
+    base: u64,
+    mut scan: Scan,
+    file_len: u64,
+    stop_at_offset: Option<u64>,
+    gaps_below: u64,
+) -> Result<Scan, LogError> {
     let mut buf: Vec<u8> = Vec::new();
     let mut buf_pos = 0u64; // file position of buf[0]
     loop {

@@ -372,7 +372,7 @@ pub(super) async fn run_write(sh: &Rc<Shared>, job: &WriteJob) -> Result<(), Log
 /// Issues fdatasyncs while one is wanted. A failure poisons the log.
 pub(super) async fn sync_task(sh: Rc<Shared>) {
     loop {
-        let (base, path, pos, next) = {
+        let (base, path, pos, next, index, stamps) = {
             let mut st = sh.st.borrow_mut();
             if !st.sync_wanted(&sh.config) {
                 st.sync_busy = false;
@@ -383,7 +383,10 @@ pub(super) async fn sync_task(sh: Rc<Shared>) {
             st.bytes_since_sync = 0;
             st.last_sync_ms = now_ms();
             let a = &st.active;
-            (a.base, a.path.clone(), a.written_pos, a.written_next)
+            // The index covers exactly the written batches: what it holds
+            // now is what `[0, pos)` holds, for the recovery point.
+            let index = (a.index.entries.len(), a.index.times.len());
+            (a.base, a.path.clone(), a.written_pos, a.written_next, index, a.index.timestamps())
         };
         let result = match write_file(&sh, base).await {
             Ok(file) => match crate::fault::hit(FaultPoint::Fdatasync, &path).await {
@@ -401,6 +404,8 @@ pub(super) async fn sync_task(sh: Rc<Shared>) {
                     assert!(pos >= a.durable_pos, "durable position goes forward");
                     a.durable_pos = pos;
                     a.durable_next = next;
+                    a.durable_index = index;
+                    a.durable_max_ts = stamps;
                     while st.unsynced.front().is_some_and(|w| w.end_pos <= pos) {
                         st.unsynced.pop_front().expect("front exists").slot.resolve(Ok(()));
                     }

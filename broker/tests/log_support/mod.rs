@@ -156,3 +156,23 @@ pub async fn append_straddling_concurrently(log: &std::rc::Rc<Log>) -> Vec<Appen
     all.sort_by_key(|a| a.base);
     all
 }
+
+/// Copies a partition directory (flat: a log has no subdirectories).
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+/// The newest `.log` file in a partition directory.
+pub fn last_log_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut logs: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    logs.sort();
+    logs.pop().unwrap()
+}
