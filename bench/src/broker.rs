@@ -161,6 +161,16 @@ impl Broker {
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
+    /// SIGKILL (a crash: nothing is flushed, no clean-shutdown marker) and
+    /// reap.
+    pub fn kill(&mut self) -> anyhow::Result<()> {
+        if self.child.try_wait()?.is_none() {
+            self.child.kill()?;
+            self.child.wait()?;
+        }
+        Ok(())
+    }
+
     /// SIGTERM and wait for a clean exit; SIGKILL after the timeout.
     pub fn stop(&mut self) -> anyhow::Result<()> {
         if self.child.try_wait()?.is_some() {

@@ -92,7 +92,7 @@ pub(crate) fn spawn_member(
     Ok((Broker::spawn(&opts)?, opts))
 }
 
-fn median(v: &[f64]) -> f64 {
+pub(crate) fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     s.get(s.len() / 2).copied().unwrap_or(f64::NAN)

@@ -7,6 +7,7 @@
 //! shardlog-bench validate REPORT.json      # check a report (CI smoke run)
 //! shardlog-bench groups --out perf-reports # rebalance, commits/s, offsets compaction
 //! shardlog-bench cluster --out perf-reports # metadata propagation, controller failover, 3 brokers vs 1
+//! shardlog-bench recovery --out perf-reports # ready time after SIGTERM / SIGKILL, with and without recovery points
 //! ```
 //!
 //! Module map, in the order a run uses them: `workload` (TOML) → `broker`
@@ -25,6 +26,7 @@ mod limits;
 mod order;
 mod pacer;
 mod plot;
+mod recovery;
 mod replication;
 mod report;
 mod runner;
@@ -62,6 +64,9 @@ enum Cmd {
     /// Replication benchmarks (ZooKeeper): RF 1 against RF 3 with acks=1
     /// and acks=all, acknowledgement latency, follower catch-up.
     Replication(replication::ReplicationArgs),
+    /// Recovery time after a clean stop and after SIGKILL, with and without
+    /// recovery points, against data size and partition count.
+    Recovery(recovery::RecoveryArgs),
 }
 
 /// Options of `run`.
@@ -181,6 +186,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Groups(a) => groups::run(&a),
         Cmd::Cluster(a) => cluster::run(&a),
         Cmd::Replication(a) => replication::run(&a),
+        Cmd::Recovery(a) => recovery::run(&a),
         Cmd::Validate { report } => {
             let r = report::load_and_validate(&report)?;
             println!(
