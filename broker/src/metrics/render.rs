@@ -1,0 +1,242 @@
+//! Prometheus text format of the shards' snapshots.
+
+use super::histogram::LATENCY_BUCKETS_US;
+use super::{ApiClass, MetricsSnapshot};
+use std::fmt::Write as _;
+
+/// Renders snapshots (index = shard) in Prometheus text format.
+#[must_use]
+pub fn render(shards: &[MetricsSnapshot]) -> String {
+    let mut out = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, value: &dyn Fn(&MetricsSnapshot) -> u64| {
+        let _ = writeln!(out, "# HELP shardlog_{name} {help}\n# TYPE shardlog_{name} {kind}");
+        for (shard, s) in shards.iter().enumerate() {
+            let _ = writeln!(out, "shardlog_{name}{{shard=\"{shard}\"}} {}", value(s));
+        }
+    };
+    family("produce_requests_total", "counter", "Produce requests handled.", &|s| s.produce_requests);
+    family("produce_bytes_total", "counter", "Record batch bytes produced.", &|s| s.produce_bytes);
+    family("produce_errors_total", "counter", "Produce partition results with an error.", &|s| {
+        s.produce_errors
+    });
+    family("fetch_requests_total", "counter", "Fetch requests handled.", &|s| s.fetch_requests);
+    family("forwarded_requests_total", "counter", "Partition operations forwarded to another shard.", &|s| {
+        s.forwarded_requests
+    });
+    family("rejected_frames_total", "counter", "Frames rejected (size, verification).", &|s| {
+        s.rejected_frames
+    });
+    family(
+        "connections_timed_out_total",
+        "counter",
+        "Connections closed by a deadline (idle, slow request, unread responses).",
+        &|s| s.connections_timed_out,
+    );
+    family("isr_shrinks_total", "counter", "Followers that left the ISR of a partition led here.", &|s| {
+        s.isr_shrinks
+    });
+    family(
+        "isr_expands_total",
+        "counter",
+        "Followers that rejoined the ISR of a partition led here.",
+        &|s| s.isr_expands,
+    );
+    family(
+        "under_replicated_partitions",
+        "gauge",
+        "Partitions led here whose ISR is smaller than their replica set.",
+        &|s| s.leaders.iter().filter(|l| l.status.isr < l.status.replicas).count() as u64,
+    );
+    family("connections", "gauge", "Open client connections.", &|s| s.connections);
+    family("partitions", "gauge", "Partitions owned.", &|s| s.partitions);
+    family("log_open_files", "gauge", "Partition log files open (counted in the file budget).", &|s| {
+        s.log_open_files
+    });
+    family("log_open_files_max", "gauge", "The shard's open-file budget for partition logs.", &|s| {
+        s.log_open_files_max
+    });
+    family("log_file_evictions_total", "counter", "Log files closed to stay within the budget.", &|s| {
+        s.log_file_evictions
+    });
+    render_latency(&mut out, shards);
+    render_partitions(&mut out, shards);
+    let _ = writeln!(
+        out,
+        "# HELP shardlog_fetch_bytes_total Record bytes served to fetches, by path.\n# TYPE shardlog_fetch_bytes_total counter"
+    );
+    for (shard, s) in shards.iter().enumerate() {
+        for (path, v) in [
+            ("splice", s.fetch_bytes_splice),
+            ("hot_tail", s.fetch_bytes_hot_tail),
+            ("plain", s.fetch_bytes_plain),
+        ] {
+            let _ = writeln!(out, "shardlog_fetch_bytes_total{{shard=\"{shard}\",path=\"{path}\"}} {v}");
+        }
+    }
+    out
+}
+
+/// Label values are quoted Prometheus strings.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// Per partition: the high watermark; per group and partition: the
+/// committed offset and the lag behind the high watermark, joined here from
+/// the coordinators' offsets and the owners' log ends.
+fn render_partitions(out: &mut String, shards: &[MetricsSnapshot]) {
+    let _ = writeln!(
+        out,
+        "# HELP shardlog_partition_high_watermark The offset after the last record consumers can read.\n# TYPE shardlog_partition_high_watermark gauge"
+    );
+    let mut ends = std::collections::HashMap::new();
+    for s in shards {
+        for (topic, partition, hw) in &s.high_watermarks {
+            let _ = writeln!(
+                out,
+                "shardlog_partition_high_watermark{{topic=\"{}\",partition=\"{partition}\"}} {hw}",
+                label(topic)
+            );
+            ends.insert((topic.as_str(), *partition), *hw);
+        }
+    }
+    render_replication(out, shards);
+    // Each family's samples together, as the text format wants.
+    let mut lags = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP shardlog_group_committed_offset The group's committed offset.\n# TYPE shardlog_group_committed_offset gauge"
+    );
+    for s in shards {
+        for g in &s.group_offsets {
+            let labels = format!(
+                "group=\"{}\",topic=\"{}\",partition=\"{}\"",
+                label(&g.group_id),
+                label(&g.topic),
+                g.partition
+            );
+            let _ = writeln!(out, "shardlog_group_committed_offset{{{labels}}} {}", g.committed);
+            if let Some(hw) = ends.get(&(g.topic.as_str(), g.partition)) {
+                let lag = (*hw as i64).saturating_sub(g.committed).max(0);
+                let _ = writeln!(lags, "shardlog_group_lag{{{labels}}} {lag}");
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP shardlog_group_lag Records between the group's committed offset and the high watermark.\n# TYPE shardlog_group_lag gauge"
+    );
+    out.push_str(&lags);
+}
+
+/// Per partition led here: its ISR size and each follower's lag.
+fn render_replication(out: &mut String, shards: &[MetricsSnapshot]) {
+    let _ = writeln!(
+        out,
+        "# HELP shardlog_partition_in_sync_replicas In-sync replicas (leader included) of a partition led here.\n# TYPE shardlog_partition_in_sync_replicas gauge"
+    );
+    for l in shards.iter().flat_map(|s| &s.leaders) {
+        let _ = writeln!(
+            out,
+            "shardlog_partition_in_sync_replicas{{topic=\"{}\",partition=\"{}\"}} {}",
+            label(&l.topic),
+            l.partition,
+            l.status.isr
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP shardlog_follower_lag_records Records a follower is behind this leader's log end.\n# TYPE shardlog_follower_lag_records gauge"
+    );
+    for l in shards.iter().flat_map(|s| &s.leaders) {
+        for (replica, lag) in &l.status.lags {
+            let _ = writeln!(
+                out,
+                "shardlog_follower_lag_records{{topic=\"{}\",partition=\"{}\",replica=\"{replica}\"}} {lag}",
+                label(&l.topic),
+                l.partition
+            );
+        }
+    }
+}
+
+/// `shardlog_request_duration_seconds`, a Prometheus histogram per shard and API.
+fn render_latency(out: &mut String, shards: &[MetricsSnapshot]) {
+    let _ = writeln!(
+        out,
+        "# HELP shardlog_request_duration_seconds Time from a request's arrival to its response, by API (fetch includes the long-poll wait).\n# TYPE shardlog_request_duration_seconds histogram"
+    );
+    for (shard, s) in shards.iter().enumerate() {
+        for (api, h) in ApiClass::ALL.iter().zip(&s.request_latency) {
+            let api = api.label();
+            let mut cumulative = 0u64;
+            for (i, n) in h.buckets.iter().enumerate() {
+                cumulative += n;
+                let le =
+                    LATENCY_BUCKETS_US.get(i).map_or("+Inf".to_string(), |us| (*us as f64 / 1e6).to_string());
+                let _ = writeln!(
+                    out,
+                    "shardlog_request_duration_seconds_bucket{{shard=\"{shard}\",api=\"{api}\",le=\"{le}\"}} {cumulative}"
+                );
+            }
+            let sum = h.sum_us as f64 / 1e6;
+            let _ = writeln!(
+                out,
+                "shardlog_request_duration_seconds_sum{{shard=\"{shard}\",api=\"{api}\"}} {sum}"
+            );
+            let _ = writeln!(
+                out,
+                "shardlog_request_duration_seconds_count{{shard=\"{shard}\",api=\"{api}\"}} {cumulative}"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::{LatencyHistogram, ShardMetrics};
+    use std::time::Duration;
+
+    #[test]
+    fn latency_buckets_are_cumulative_with_inf_last() {
+        let m = ShardMetrics::default();
+        m.record_latency(ApiClass::Produce, Duration::from_micros(80));
+        m.record_latency(ApiClass::Produce, Duration::from_micros(100));
+        m.record_latency(ApiClass::Produce, Duration::from_micros(101));
+        m.record_latency(ApiClass::Produce, Duration::from_secs(60));
+        m.record_latency(ApiClass::Fetch, Duration::from_millis(3));
+        let snap = MetricsSnapshot {
+            request_latency: m.request_latency.iter().map(LatencyHistogram::snapshot).collect(),
+            ..MetricsSnapshot::default()
+        };
+        let text = render(&[snap]);
+        let line = |l: &str| text.lines().any(|x| x == l);
+        assert!(
+            line(r#"shardlog_request_duration_seconds_bucket{shard="0",api="produce",le="0.0001"} 2"#),
+            "{text}"
+        );
+        assert!(line(r#"shardlog_request_duration_seconds_bucket{shard="0",api="produce",le="0.00025"} 3"#));
+        assert!(line(r#"shardlog_request_duration_seconds_bucket{shard="0",api="produce",le="10"} 3"#));
+        assert!(line(r#"shardlog_request_duration_seconds_bucket{shard="0",api="produce",le="+Inf"} 4"#));
+        assert!(line(r#"shardlog_request_duration_seconds_count{shard="0",api="produce"} 4"#));
+        assert!(line(r#"shardlog_request_duration_seconds_bucket{shard="0",api="fetch",le="0.0025"} 0"#));
+        assert!(line(r#"shardlog_request_duration_seconds_bucket{shard="0",api="fetch",le="0.005"} 1"#));
+        assert!(line(r#"shardlog_request_duration_seconds_count{shard="0",api="admin"} 0"#));
+    }
+
+    #[test]
+    fn renders_labels_per_path() {
+        let s = MetricsSnapshot {
+            fetch_bytes_splice: 7,
+            produce_requests: 3,
+            log_open_files: 5,
+            ..Default::default()
+        };
+        let text = render(&[s, MetricsSnapshot::default()]);
+        assert!(text.contains("shardlog_log_open_files{shard=\"0\"} 5"));
+        assert!(text.contains("shardlog_fetch_bytes_total{shard=\"0\",path=\"splice\"} 7"));
+        assert!(text.contains("shardlog_produce_requests_total{shard=\"0\"} 3"));
+        assert!(text.contains("shardlog_produce_requests_total{shard=\"1\"} 0"));
+    }
+}
