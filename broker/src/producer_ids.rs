@@ -164,7 +164,11 @@ pub(crate) async fn allocate_here(ctx: &ShardContext) -> Result<i64, PartitionEr
     debug_assert_eq!(ctx.id.0, 0, "producer ids come from shard 0 only");
     ctx.producer_ids.allocate().await.map_err(|e| {
         tracing::warn!(error = %e, "cannot hand out a producer id");
-        PartitionError::new(ErrorCode::StorageError, e.to_string())
+        let code = match &e {
+            AllocError::Io { source, .. } if crate::log::is_no_space(source) => ErrorCode::StorageFull,
+            _ => ErrorCode::StorageError,
+        };
+        PartitionError::new(code, e.to_string())
     })
 }
 

@@ -94,7 +94,7 @@ fn disk_full_fails_appends_cleanly_and_recovers() {
             }
         };
         assert!(matches!(err, LogError::NoSpace { .. }), "typed disk-full error, got: {err}");
-        assert_eq!(err.error_code(), ErrorCode::StorageError);
+        assert_eq!(err.error_code(), ErrorCode::StorageFull);
         let end = expected.last().unwrap().last + 1;
         assert_eq!(log.end_offset().0, end, "a failed append assigns nothing");
         // Still full: still a clean error, still consistent.

@@ -419,6 +419,18 @@ pub fn stamp(batch: &mut [u8], base_offset: u64, leader_epoch: i32) {
     batch[OFF_LEADER_EPOCH..OFF_LEADER_EPOCH + 4].copy_from_slice(&leader_epoch.to_le_bytes());
 }
 
+/// A copy of `batch` with another idempotent base sequence (and its CRC
+/// recomputed): an idempotent producer renumbers a batch when one before it
+/// failed without being written. `batch` must hold a whole header.
+#[must_use]
+pub fn with_base_sequence(batch: &[u8], base_sequence: i32) -> Vec<u8> {
+    let mut out = batch.to_vec();
+    out[OFF_BASE_SEQUENCE..][..4].copy_from_slice(&base_sequence.to_le_bytes());
+    let crc = compute_crc(&out);
+    out[OFF_CRC..][..4].copy_from_slice(&crc.to_le_bytes());
+    out
+}
+
 /// Builds one batch from records. The batch is built with base offset 0; the
 /// broker stamps the real one.
 pub struct BatchBuilder<'fbb> {
@@ -736,6 +748,22 @@ mod tests {
             b.push(k.as_deref(), v, &[("h", b"x")], ts + i as i64);
         }
         b.finish()
+    }
+
+    #[test]
+    fn a_renumbered_batch_validates_with_its_new_sequence_and_same_records() {
+        let mut b = BatchBuilder::with_capacity(1024);
+        b.set_producer(7, 2, 1200);
+        for i in 0..3u8 {
+            b.push(None, &[i; 8], &[], 1000);
+        }
+        let batch = b.finish();
+        let renumbered = with_base_sequence(&batch, 1150);
+        let h = validate_with_records(&renumbered, 1 << 20).expect("valid after renumbering");
+        assert_eq!((h.producer_id, h.producer_epoch, h.base_sequence), (7, 2, 1150));
+        assert_eq!(renumbered[BATCH_HEADER_BYTES..], batch[BATCH_HEADER_BYTES..], "the records are the same");
+        assert_eq!(renumbered.len(), batch.len());
+        assert!(validate(&batch, 1 << 20).is_ok(), "the original is untouched");
     }
 
     #[test]

@@ -741,7 +741,11 @@ async fn append(ctx: &Rc<ShardContext>, p: u32, records: &[(Vec<u8>, Option<Vec<
     let info = part.append(&bytes).await.map_err(|e| {
         tracing::warn!(partition = p, error = %e.message, "cannot write group records");
         GroupError::new(
-            if e.code == ErrorCode::StorageError { ErrorCode::CoordinatorNotAvailable } else { e.code },
+            if matches!(e.code, ErrorCode::StorageError | ErrorCode::StorageFull) {
+                ErrorCode::CoordinatorNotAvailable
+            } else {
+                e.code
+            },
             format!("cannot write to {OFFSETS_TOPIC}-{p}: {}", e.message),
         )
     })?;

@@ -149,7 +149,7 @@ pub fn error_code(code: ErrorCode) -> i16 {
         ErrorCode::InvalidRequest => 42,
         ErrorCode::OutOfOrderSequence => 45,
         ErrorCode::InvalidProducerEpoch => 47,
-        ErrorCode::StorageError => 56,
+        ErrorCode::StorageError | ErrorCode::StorageFull => 56,
         ErrorCode::NonEmptyGroup => 68,
         ErrorCode::GroupIdNotFound => 69,
         ErrorCode::GroupMaxSizeReached => 81,

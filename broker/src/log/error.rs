@@ -94,8 +94,9 @@ impl LogError {
                     ErrorCode::InvalidRequest
                 }
             },
+            // Not written, and the log takes appends again once space returns.
+            LogError::NoSpace { .. } => ErrorCode::StorageFull,
             LogError::Io { .. }
-            | LogError::NoSpace { .. }
             | LogError::Failed { .. }
             | LogError::Closed { .. }
             | LogError::Corrupt { .. } => ErrorCode::StorageError,

@@ -75,6 +75,7 @@ mod segment;
 
 pub use compact::CompactOutcome;
 pub use epochs::LeaderEpochs;
+pub(crate) use error::is_no_space;
 pub use error::LogError;
 pub use files::{
     process_files_limit, shard_files_max, FileBudget, OPEN_FILES_RESERVE_FRACTION, OPEN_FILES_RESERVE_MIN,

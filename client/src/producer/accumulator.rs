@@ -21,6 +21,7 @@ use crate::error::ClientError;
 use crate::producer::Partitioner;
 use shardlog_schema::batch::{BatchBuilder, HeaderRef, BATCH_HEADER_BYTES};
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{Notify, Semaphore};
@@ -61,12 +62,46 @@ struct OpenBatch {
     id: u64,
 }
 
+#[derive(Default)]
 struct PartitionSlot {
     open: Option<OpenBatch>,
     /// Idempotence: the sequence of the next batch's first record.
     next_sequence: i32,
     /// Size of the last sealed batch: the next builder starts this big.
     last_batch_bytes: usize,
+    /// Idempotence: batches sealed so far (each batch's ordinal).
+    sealed: u64,
+    /// Idempotence: bumped by each rewind.
+    generation: u64,
+    /// Idempotence: batches that failed without being written, while later
+    /// ones were already numbered (cleared once none is outstanding).
+    rewinds: Vec<Rewind>,
+    /// Sealed batches not yet completed.
+    outstanding: usize,
+}
+
+/// A batch of `records` records, the `ordinal`-th of its partition, failed
+/// for good and was not written; `generation` is the partition's after it.
+/// Later batches numbered before the rewind give its records' sequences back.
+struct Rewind {
+    ordinal: u64,
+    records: u32,
+    generation: u64,
+}
+
+/// Where an idempotent batch stands in its partition's numbering.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Numbering {
+    pub ordinal: u64,
+    pub base_sequence: i32,
+    /// The partition's generation when `base_sequence` was given.
+    pub generation: u64,
+}
+
+/// `sequence - back`, wrapping at `i32::MAX` as sequences do.
+fn sequence_back(sequence: i32, back: u64) -> i32 {
+    let modulus = i64::from(i32::MAX) + 1;
+    (i64::from(sequence) - (back % modulus as u64) as i64).rem_euclid(modulus) as i32
 }
 
 struct TopicState {
@@ -124,6 +159,9 @@ pub(crate) struct Core {
     me: Weak<Core>,
     /// Idempotence: the producer id and epoch every batch carries.
     producer: Option<(i64, i16)>,
+    /// Partitions with rewinds to apply: while 0 (always, but after a batch
+    /// failed unwritten) sending a batch takes no lock to renumber it.
+    rewinding: AtomicUsize,
 }
 
 fn now_ms() -> i64 {
@@ -176,6 +214,7 @@ impl Core {
             completed: Notify::new(),
             runtime: tokio::runtime::Handle::current(),
             me: me.clone(),
+            rewinding: AtomicUsize::new(0),
         });
         if !core.linger.is_zero() {
             core.runtime.spawn(linger_loop(core.clone()));
@@ -322,9 +361,7 @@ impl Core {
                 if !state.topics.contains_key(name) {
                     let count = t.partitions.len();
                     let name: Arc<str> = Arc::from(name);
-                    let partitions = (0..count)
-                        .map(|_| PartitionSlot { open: None, next_sequence: 0, last_batch_bytes: 0 })
-                        .collect();
+                    let partitions = (0..count).map(|_| PartitionSlot::default()).collect();
                     // Spread keyless traffic of many producers over the partitions.
                     let sticky = (std::process::id() ^ now_ms() as u32) % count as u32;
                     state.topics.insert(name.clone(), TopicState { name, partitions, sticky });
@@ -350,12 +387,20 @@ impl Core {
             t.sticky = (partition + 1) % count;
         }
         let mut builder = batch.builder;
-        if let Some((id, epoch)) = self.producer {
+        let numbering = self.producer.map(|(id, epoch)| {
             // Sequences count records, wrapping at i32::MAX as Kafka's do.
             builder.set_producer(id, epoch, slot.next_sequence);
+            let numbering = Numbering {
+                ordinal: slot.sealed,
+                base_sequence: slot.next_sequence,
+                generation: slot.generation,
+            };
             let next = i64::from(slot.next_sequence) + i64::from(batch.record_count);
             slot.next_sequence = (next % (i64::from(i32::MAX) + 1)) as i32;
-        }
+            slot.sealed += 1;
+            numbering
+        });
+        slot.outstanding += 1;
         // No copy of the records: the header goes in front of them.
         let (buf, start) = builder.finish_in_place();
         let data = bytes::Bytes::from(buf).slice(start..);
@@ -370,6 +415,7 @@ impl Core {
             buffer_bytes: batch.buffer_bytes,
             attempts: 0,
             sealed_at: std::time::Instant::now(),
+            numbering,
         };
         state.outstanding.insert(sealed.id);
         match self.ctx.cluster.metadata().leader_addr(topic, partition) {
@@ -440,9 +486,67 @@ impl Core {
     }
 
     /// A sealed batch completed (delivered or failed for good).
-    pub(super) fn batch_done(&self, id: u64) {
-        self.lock().outstanding.remove(&id);
+    pub(super) fn batch_done(&self, id: u64, topic: &str, partition: u32) {
+        let mut state = self.lock();
+        state.outstanding.remove(&id);
+        if let Some(slot) = state.topics.get_mut(topic).and_then(|t| t.partitions.get_mut(partition as usize))
+        {
+            slot.outstanding -= 1;
+            if slot.outstanding == 0 && !slot.rewinds.is_empty() {
+                slot.rewinds.clear();
+                self.rewinding.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        drop(state);
         self.completed.notify_waiters();
+    }
+
+    /// Idempotence: an idempotent batch failed for good and the broker did
+    /// not write it. Its sequences are given back: batches numbered after
+    /// it are renumbered before they are sent again ([`Core::renumber`]),
+    /// and the next batch sealed starts where it started (Kafka's
+    /// `adjustSequencesDueToFailedBatch`). Without this every later batch
+    /// of the partition is refused as out of order, for ever.
+    pub(super) fn give_back_sequences(
+        &self,
+        topic: &str,
+        partition: u32,
+        numbering: Numbering,
+        records: u32,
+    ) {
+        let mut state = self.lock();
+        let Some(slot) = state.topics.get_mut(topic).and_then(|t| t.partitions.get_mut(partition as usize))
+        else {
+            return;
+        };
+        slot.generation += 1;
+        if slot.rewinds.is_empty() {
+            self.rewinding.fetch_add(1, Ordering::Relaxed);
+        }
+        slot.rewinds.push(Rewind { ordinal: numbering.ordinal, records, generation: slot.generation });
+        slot.next_sequence = sequence_back(slot.next_sequence, u64::from(records));
+    }
+
+    /// Idempotence: the base sequence `numbering`'s batch must carry now,
+    /// when batches before it failed unwritten after it was numbered; the
+    /// numbering to record with it.
+    pub(super) fn renumber(&self, topic: &str, partition: u32, numbering: Numbering) -> Option<Numbering> {
+        if self.rewinding.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let state = self.lock();
+        let slot = state.topics.get(topic).and_then(|t| t.partitions.get(partition as usize))?;
+        let back: u64 = slot
+            .rewinds
+            .iter()
+            .filter(|r| r.ordinal < numbering.ordinal && r.generation > numbering.generation)
+            .map(|r| u64::from(r.records))
+            .sum();
+        (back > 0).then(|| Numbering {
+            base_sequence: sequence_back(numbering.base_sequence, back),
+            generation: slot.generation,
+            ..numbering
+        })
     }
 
     /// Seals every open batch and waits until every batch opened before this

@@ -3,7 +3,7 @@
 //! sealed batches into one pipelined produce request, and completes each
 //! batch's records from the response.
 
-use super::accumulator::{Core, Work};
+use super::accumulator::{Core, Numbering, Work};
 use super::completion::{Completion, Landed};
 use crate::cluster::Cluster;
 use crate::config::{Acks, ProducerConfig};
@@ -11,7 +11,7 @@ use crate::conn::ResponseFuture;
 use crate::error::{ClientError, Result};
 use crate::protocol::{self, ProduceEntry, ProduceResult};
 use bytes::Bytes;
-use shardlog_schema::ErrorCode;
+use shardlog_schema::{batch, ErrorCode};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Notify, Semaphore};
@@ -80,6 +80,8 @@ pub(crate) struct SealedBatch {
     pub attempts: u32,
     /// When the batch was sealed: retries stop `delivery_timeout` after.
     pub sealed_at: std::time::Instant,
+    /// Idempotence: its place in the partition's sequence numbering.
+    pub numbering: Option<Numbering>,
 }
 
 impl SealedBatch {
@@ -88,12 +90,42 @@ impl SealedBatch {
     fn finish(self, core: &Core, outcome: Result<(i64, i64)>) {
         if let Err(e) = &outcome {
             tracing::debug!(topic = %self.topic, partition = self.partition, error = %e, "batch failed");
+            if let (Some(numbering), true) = (self.numbering, not_written(e)) {
+                core.give_back_sequences(&self.topic, self.partition, numbering, self.record_count);
+            }
         }
         self.completion
             .complete(outcome.map(|(base_offset, append_time_ms)| Landed { base_offset, append_time_ms }));
         core.ctx.buffer.add_permits(self.buffer_bytes);
-        core.batch_done(self.id);
+        core.batch_done(self.id, &self.topic, self.partition);
     }
+
+    /// Idempotence: gives the batch the base sequence it must carry now
+    /// (batches before it may have failed unwritten since it was numbered).
+    fn renumber(&mut self, core: &Core) {
+        let Some(numbering) = self.numbering else { return };
+        if let Some(now) = core.renumber(&self.topic, self.partition, numbering) {
+            tracing::debug!(
+                topic = %self.topic, partition = self.partition, from = numbering.base_sequence,
+                to = now.base_sequence, "renumbering a batch after earlier ones failed unwritten"
+            );
+            self.data = Bytes::from(batch::with_base_sequence(&self.data, now.base_sequence));
+            self.numbering = Some(now);
+        }
+    }
+}
+
+/// Whether the broker's answer says the batch was not written: refused
+/// whole before its append (too large, corrupt) or rolled back because the
+/// disk is full. Any other failure (a timeout, a lost connection, a log
+/// failed after writing) may have left it in the log, so its sequences are
+/// never given to another batch.
+fn not_written(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Broker { code, .. }
+            if matches!(*code, ErrorCode::StorageFull | ErrorCode::MessageTooLarge | ErrorCode::CorruptMessage)
+    )
 }
 
 /// Batches of one partition inside one request (payload order = entry order).
@@ -154,9 +186,12 @@ pub(crate) async fn send_loop(core: Arc<Core>, addr: String, wake: Arc<Notify>) 
             // Ready batches keep growing while every in-flight slot is busy.
             conn.wait_for_slot().await;
         }
-        let batches = core.take_request(&addr);
+        let mut batches = core.take_request(&addr);
         if batches.is_empty() {
             continue;
+        }
+        for b in &mut batches {
+            b.renumber(&core);
         }
         let entries = group(batches);
         let payload: Vec<Bytes> =
@@ -256,6 +291,7 @@ pub(crate) async fn retry_batches(core: Arc<Core>, batches: Vec<SealedBatch>, er
             if let Err(e) = ctx.cluster.refresh(Some(&[b.topic.to_string()])).await {
                 tracing::debug!(error = %e, "metadata refresh before retry failed");
             }
+            b.renumber(&core);
             match send_one(ctx, &b).await {
                 Ok(offsets) => {
                     b.finish(&core, Ok(offsets));

@@ -165,10 +165,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for ApiKey {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ERROR_CODE: u16 = 37;
+pub const ENUM_MAX_ERROR_CODE: u16 = 38;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 38] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 39] = [
   ErrorCode::None,
   ErrorCode::Unknown,
   ErrorCode::CorruptMessage,
@@ -207,6 +207,7 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 38] = [
   ErrorCode::LeaderNotAvailable,
   ErrorCode::NotEnoughReplicas,
   ErrorCode::FencedLeaderEpoch,
+  ErrorCode::StorageFull,
 ];
 
 /// Error codes a client can see. Append only; never renumber.
@@ -275,9 +276,13 @@ impl ErrorCode {
   /// A replica request named a leader epoch older than the partition's
   /// (the asker is behind: refresh metadata) or newer (this broker is).
   pub const FencedLeaderEpoch: Self = Self(37);
+  /// The partition's filesystem is full: the batch was not written (none
+  /// of it is in the log, and an idempotent producer's sequence did not
+  /// advance); appends work again once space is freed.
+  pub const StorageFull: Self = Self(38);
 
   pub const ENUM_MIN: u16 = 0;
-  pub const ENUM_MAX: u16 = 37;
+  pub const ENUM_MAX: u16 = 38;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::None,
     Self::Unknown,
@@ -317,6 +322,7 @@ impl ErrorCode {
     Self::LeaderNotAvailable,
     Self::NotEnoughReplicas,
     Self::FencedLeaderEpoch,
+    Self::StorageFull,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -359,6 +365,7 @@ impl ErrorCode {
       Self::LeaderNotAvailable => Some("LeaderNotAvailable"),
       Self::NotEnoughReplicas => Some("NotEnoughReplicas"),
       Self::FencedLeaderEpoch => Some("FencedLeaderEpoch"),
+      Self::StorageFull => Some("StorageFull"),
       _ => None,
     }
   }

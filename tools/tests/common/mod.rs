@@ -275,3 +275,13 @@ pub fn kcat(kafka: &str, args: &[&str], stdin: &str) -> String {
     assert!(out.status.success(), "kcat {args:?} failed: {stderr}");
     stdout.into_owned()
 }
+
+impl Broker {
+    /// A broker the test spawned itself ([`serve_command`], [`wait_ready`])
+    /// on `dir`, a data directory it set up (on a filesystem of its own, say);
+    /// `extra` are the serve flags it used, for [`Broker::kill_and_restart`].
+    pub fn adopt(child: Child, ready: Ready, dir: tempfile::TempDir, extra: &[&str]) -> Broker {
+        let extra = extra.iter().map(|s| s.to_string()).collect();
+        Broker { child, listen: ready.listen, kafka: ready.kafka, dir, extra }
+    }
+}
