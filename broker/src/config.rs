@@ -116,6 +116,8 @@ pub const SEGMENT_BYTES_DEFAULT: u64 = 1 << 30;
 /// partition per interval.
 pub const RECOVERY_POINT_INTERVAL_S_DEFAULT: u64 = 10;
 pub const SEGMENT_BYTES_MIN: u64 = 64 << 10;
+/// Per-partition series cost a scrape about 4 lines per partition.
+pub const METRICS_PARTITIONS_MAX_DEFAULT: usize = 1000;
 pub const SEGMENT_MS_DEFAULT: u64 = 7 * 24 * 3600 * 1000;
 pub const RETENTION_MS_DEFAULT: u64 = 7 * 24 * 3600 * 1000;
 pub const INDEX_INTERVAL_BYTES_DEFAULT: u32 = 4096;
@@ -458,6 +460,10 @@ pub struct BrokerConfig {
     pub recovery_point_interval: Duration,
     /// Prometheus `/metrics` listener.
     pub admin_listen: Option<SocketAddr>,
+    /// Most topic-partitions per shard with per-partition log series on
+    /// `/metrics` (the first in topic and partition order, internal topics last; the rest are
+    /// counted in `shardlog_metrics_partitions_omitted`).
+    pub metrics_partitions_max: usize,
     /// The Kafka-protocol listener (`--kafka-listen`; off when `None`).
     /// Every shard accepts on it, and shard `i` also on its port + 1 + i,
     /// which Metadata names as Kafka node `i` (`kafka` module).
@@ -498,6 +504,7 @@ impl BrokerConfig {
             retention_check_interval: Duration::from_secs(30),
             recovery_point_interval: Duration::from_secs(RECOVERY_POINT_INTERVAL_S_DEFAULT),
             admin_listen: None,
+            metrics_partitions_max: METRICS_PARTITIONS_MAX_DEFAULT,
             kafka_listen: None,
             kafka_advertise: KafkaAdvertise::PerShard,
             // Measured faster for cold (on-disk) reads, the ones that reach

@@ -528,6 +528,7 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
     let accept_own = glommio::spawn_local(net::accept_loop(ctx.clone(), own, "shard"));
     let retention = glommio::spawn_local(retention_loop(ctx.clone()));
     let recovery_points = glommio::spawn_local(recovery_point_loop(ctx.clone()));
+    let probe = glommio::spawn_local(metrics::probe::run(ctx.clone()));
     let kafka = spec.listeners.kafka.map(|(shared, own)| {
         let (shared, own) = (net::into_listener(shared), net::into_listener(own));
         glommio::spawn_local(futures_lite::future::zip(
@@ -547,7 +548,7 @@ async fn shard_main(spec: ShardSpec) -> Result<(), String> {
     if let Some(kafka) = kafka {
         kafka.cancel().await;
     }
-    shutdown_shard(&ctx, [accept_public, accept_own, retention, recovery_points, groups, follow]).await
+    shutdown_shard(&ctx, [accept_public, accept_own, retention, recovery_points, probe, groups, follow]).await
 }
 
 /// Expires group members and ends rebalances at their deadlines.
@@ -558,7 +559,7 @@ async fn group_loop(ctx: Rc<ShardContext>) {
     }
 }
 
-async fn shutdown_shard(ctx: &Rc<ShardContext>, tasks: [glommio::Task<()>; 6]) -> Result<(), String> {
+async fn shutdown_shard(ctx: &Rc<ShardContext>, tasks: [glommio::Task<()>; 7]) -> Result<(), String> {
     ctx.shutting_down.set(true);
     for t in tasks {
         t.cancel().await;

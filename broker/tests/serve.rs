@@ -436,6 +436,60 @@ fn tail_consumers_are_served_from_memory() {
     let disk = counter(&metrics, "fetch_bytes_total", "path=\"splice\"")
         + counter(&metrics, "fetch_bytes_total", "path=\"plain\"");
     assert_eq!((hot, disk), (data.len() as u64, 0), "tail reads must not touch the disk");
+    assert!(counter(&metrics, "hot_tail_reads_total", "result=\"hit\"") >= 1, "{metrics}");
+    assert_eq!(counter(&metrics, "hot_tail_reads_total", "result=\"miss\""), 0);
+    assert!(counter(&metrics, "hot_tail_bytes", "") > 0);
+    handle.shutdown().expect("clean shutdown");
+}
+
+/// The value of the one sample of `name` whose labels are exactly `labels`.
+fn sample(text: &str, name: &str, labels: &str) -> Option<u64> {
+    let prefix = format!("shardlog_{name}{{{labels}}} ");
+    text.lines().find_map(|l| l.strip_prefix(&prefix)).map(|v| v.parse().expect("number"))
+}
+
+#[test]
+fn metrics_show_partition_logs_within_their_bound_fdatasyncs_and_the_probe() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let handle = broker_with(dir.path(), |c| {
+        c.admin_listen = Some("127.0.0.1:0".parse().expect("addr"));
+        c.metrics_partitions_max = 1;
+        c.topic_defaults.flush = shardlog_broker::config::FlushPolicy::Always;
+        c.topic_defaults.segment_bytes = 64 << 10;
+    });
+    let mut c = Conn::open(handle.ready.listen.port());
+    assert_eq!(c.create_topic("m", 4), ErrorCode::None);
+    for p in 0..4u32 {
+        for i in 0..=p {
+            let value = format!("{p}-{i}-{}", "m".repeat(30_000));
+            assert_eq!(c.produce("m", p, &batch_of(&[&value])).0, ErrorCode::None);
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50)); // a few probe wake-ups
+    let metrics = scrape(handle.ready.admin.expect("admin"));
+    // One partition per shard is shown (the first by name, internal topics
+    // last), the rest counted: 4 of `m`, 16 of `__consumer_offsets`.
+    let shown: Vec<u32> = (0..4u32)
+        .filter(|p| {
+            sample(&metrics, "partition_log_end_offset", &format!("topic=\"m\",partition=\"{p}\"")).is_some()
+        })
+        .collect();
+    let omitted = counter(&metrics, "metrics_partitions_omitted", "");
+    assert!((1..=2).contains(&shown.len()), "one per shard: {shown:?}\n{metrics}");
+    assert_eq!(shown.len() as u64 + omitted, 4 + 16, "{metrics}");
+    for p in shown {
+        let labels = format!("topic=\"m\",partition=\"{p}\"");
+        assert_eq!(sample(&metrics, "partition_log_end_offset", &labels), Some(u64::from(p) + 1));
+        assert_eq!(sample(&metrics, "partition_log_start_offset", &labels), Some(0));
+        assert!(sample(&metrics, "partition_log_size_bytes", &labels).expect("size") > 30_000 * u64::from(p));
+        // Two 30 KB records fill a 64 KiB segment: partition 3 has rolled.
+        let segments = sample(&metrics, "partition_log_segments", &labels).expect("segments");
+        assert!(segments > u64::from(p) / 2, "partition {p}: {segments} segments");
+    }
+    // flush.policy=always: an fdatasync per acknowledged append at least.
+    assert!(counter(&metrics, "log_fdatasync_duration_seconds_count", "") >= 10, "{metrics}");
+    assert!(counter(&metrics, "shard_scheduling_delay_seconds_count", "") >= 2, "{metrics}");
+    assert!(metrics.contains("# TYPE shardlog_shard_stalls_total counter"));
     handle.shutdown().expect("clean shutdown");
 }
 

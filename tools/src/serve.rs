@@ -29,6 +29,11 @@ pub struct ServeArgs {
     /// and the shard ports: a collision fails start-up.
     #[arg(long, env = "SHARDLOG_ADMIN_LISTEN", value_name = "HOST:PORT")]
     admin_listen: Option<SocketAddr>,
+    /// Most topic-partitions per shard with per-partition log series on
+    /// /metrics (the first in name order, internal topics last; the rest are counted, not shown)
+    /// [default: 1000].
+    #[arg(long)]
+    metrics_partitions_max: Option<usize>,
     /// Kafka wire-protocol listener, so Kafka clients and tools work
     /// unchanged (off unless given). Shard i also listens on its port + 1 + i,
     /// which Metadata gives Kafka clients as node i.
@@ -191,6 +196,9 @@ pub fn build_config(args: ServeArgs) -> anyhow::Result<BrokerConfig> {
         config.shards = n;
     }
     config.admin_listen = args.admin_listen.or(file.admin_listen);
+    if let Some(n) = args.metrics_partitions_max.or(file.metrics_partitions_max) {
+        config.metrics_partitions_max = n;
+    }
     config.kafka_listen = args.kafka_listen.or(file.kafka_listen);
     if let Some(mode) = args.kafka_advertise.or(file.kafka_advertise) {
         config.kafka_advertise = mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
@@ -371,6 +379,7 @@ mod tests {
         assert_eq!(example.hot_tail_partition_bytes, defaults.hot_tail_partition_bytes);
         assert_eq!(example.retention_check_interval, defaults.retention_check_interval);
         assert_eq!(example.recovery_point_interval, defaults.recovery_point_interval);
+        assert_eq!(example.metrics_partitions_max, defaults.metrics_partitions_max);
         assert_eq!(example.fetch_path, defaults.fetch_path);
         assert_eq!((example.listen, &example.data_dir), (defaults.listen, &defaults.data_dir));
         assert_eq!(example.pin_cores, defaults.pin_cores);

@@ -59,6 +59,7 @@ pub struct ServeSettings {
     pub listen: Option<SocketAddr>,
     pub shards: Option<usize>,
     pub admin_listen: Option<SocketAddr>,
+    pub metrics_partitions_max: Option<usize>,
     pub kafka_listen: Option<SocketAddr>,
     pub kafka_advertise: Option<String>,
     pub shard_port_base: Option<u16>,

@@ -214,6 +214,21 @@ pub struct LogStats {
     pub rolls: u64,
 }
 
+/// A shard's storage counters for `/metrics`, shared by its logs
+/// (`Cell`s: one thread, no sharing).
+#[derive(Debug, Default)]
+pub struct IoStats {
+    /// Every fdatasync of segment data on the flush path (flush policy,
+    /// recovery points), with how long it took (failed ones too); not the
+    /// syncs of rolls, indexes or metadata files.
+    pub fdatasync: crate::metrics::LatencyHistogram,
+    /// Reads of records answered whole from the hot tail window...
+    pub hot_tail_hits: Cell<u64>,
+    /// ... and reads that went to the file path (segment files, perhaps
+    /// with the newest part from memory).
+    pub hot_tail_misses: Cell<u64>,
+}
+
 /// Shard-level settings of a log, given at open ([`Log::open_with`]).
 #[derive(Debug, Clone)]
 pub struct LogOptions {
@@ -226,6 +241,8 @@ pub struct LogOptions {
     pub open_readers_max: usize,
     /// The shard's open-file budget, shared by all logs of the shard.
     pub files: Rc<FileBudget>,
+    /// The shard's storage counters, shared by all logs of the shard.
+    pub io_stats: Rc<IoStats>,
     /// Read `.log` segment files with O_DIRECT (on filesystems that support
     /// it) rather than through the page cache: for the plain fetch path,
     /// where cold reads are bulk reads of data the page cache never held.
@@ -242,6 +259,7 @@ impl Default for LogOptions {
             hot_tail_log_bytes_max: HOT_TAIL_LOG_BYTES_DEFAULT,
             open_readers_max: OPEN_READERS_DEFAULT,
             files: FileBudget::thread_default(),
+            io_stats: Rc::default(),
             direct_reads: false,
         }
     }
@@ -270,6 +288,7 @@ struct Shared {
     /// The shard's open-file budget; this log's write fd has an LRU place
     /// at `write_tick` while it is open.
     files: Rc<FileBudget>,
+    io_stats: Rc<IoStats>,
     write_tick: Cell<Option<u64>>,
     /// A leader-epoch checkpoint write is in progress (`epochs`).
     epochs_writing: Cell<bool>,

@@ -185,6 +185,10 @@ async fn lookup(sh: &Shared, base: u64, target: u64, by_pos: bool) -> Result<Ind
     }
 }
 
+fn add(c: &Cell<u64>, n: u64) {
+    c.set(c.get() + n);
+}
+
 pub(super) async fn read(sh: &Rc<Shared>, from: Offset, max_bytes: usize) -> Result<LogRead, LogError> {
     read_capped(sh, from, max_bytes, u64::MAX).await
 }
@@ -214,8 +218,10 @@ pub(super) async fn read_capped(
                 return Ok(LogRead::empty(Offset(at)));
             }
             if let Some(hot) = read_hot(sh, &st, at, max_bytes, cap) {
+                add(&sh.io_stats.hot_tail_hits, 1);
                 return Ok(hot);
             }
+            add(&sh.io_stats.hot_tail_misses, 1);
             plan_for(&st, &sh.config, at)
         };
         let reader = match plan.reader.clone() {

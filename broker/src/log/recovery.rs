@@ -297,6 +297,7 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
         hot,
         open_readers_max: options.open_readers_max.max(2),
         files: options.files,
+        io_stats: options.io_stats,
         write_tick: Cell::new(None),
         epochs_writing: Cell::new(false),
         recovery_point_writing: Cell::new(false),

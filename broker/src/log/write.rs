@@ -389,10 +389,15 @@ pub(super) async fn sync_task(sh: Rc<Shared>) {
             (a.base, a.path.clone(), a.written_pos, a.written_next, index, a.index.timestamps())
         };
         let result = match write_file(&sh, base).await {
-            Ok(file) => match crate::fault::hit(FaultPoint::Fdatasync, &path).await {
-                Ok(()) => file.fdatasync().await.map_err(|e| LogError::glommio("fdatasync", &path, e)),
-                Err(e) => Err(LogError::io("fdatasync", &path, e)),
-            },
+            Ok(file) => {
+                let started = std::time::Instant::now();
+                let synced = match crate::fault::hit(FaultPoint::Fdatasync, &path).await {
+                    Ok(()) => file.fdatasync().await.map_err(|e| LogError::glommio("fdatasync", &path, e)),
+                    Err(e) => Err(LogError::io("fdatasync", &path, e)),
+                };
+                sh.io_stats.fdatasync.record(started.elapsed());
+                synced
+            }
             Err(e) => Err(e),
         };
         {

@@ -101,7 +101,7 @@ async fn collect(ctx: &Rc<ShardContext>) -> Vec<MetricsSnapshot> {
     let mut out = Vec::with_capacity(ctx.shard_count as usize);
     for s in 0..ctx.shard_count {
         match ctx.call(ShardId(s), ShardOp::Metrics).await {
-            ShardReply::Metrics(m) => out.push(m),
+            ShardReply::Metrics(m) => out.push(*m),
             _ => out.push(MetricsSnapshot::default()),
         }
     }

@@ -7,6 +7,7 @@
 
 mod histogram;
 mod http;
+pub mod probe;
 mod render;
 
 pub use histogram::{HistogramSnapshot, LatencyHistogram, LATENCY_BUCKETS_US};
@@ -73,6 +74,11 @@ pub struct ShardMetrics {
     /// ISR changes applied to partitions this shard leads.
     pub isr_shrinks: Cell<u64>,
     pub isr_expands: Cell<u64>,
+    /// How late the shard's probe timer fires (`probe`): the time a task
+    /// that became ready waits for the reactor.
+    pub scheduling_delay: LatencyHistogram,
+    /// Probe wake-ups at least [`probe::STALL`] late.
+    pub stalls: Cell<u64>,
 }
 
 fn add(c: &Cell<u64>, n: u64) {
@@ -137,6 +143,41 @@ impl ShardMetrics {
             log_file_evictions: ctx.log_files().evictions(),
             isr_shrinks: self.isr_shrinks.get(),
             isr_expands: self.isr_expands.get(),
+            hot_tail_hits: ctx.log_io_stats().hot_tail_hits.get(),
+            hot_tail_misses: ctx.log_io_stats().hot_tail_misses.get(),
+            hot_tail_bytes: ctx.hot_tail().used_bytes(),
+            hot_tail_bytes_max: ctx.hot_tail().bytes_max(),
+            hot_tail_evicted_bytes: ctx.hot_tail().evicted_bytes(),
+            fdatasync: ctx.log_io_stats().fdatasync.snapshot(),
+            scheduling_delay: self.scheduling_delay.snapshot(),
+            stalls: self.stalls.get(),
+            logs: {
+                // The first `metrics_partitions_max` in name order, the
+                // internal topics (`__consumer_offsets`) after the others.
+                let mut v: Vec<LogSample> = ctx
+                    .owned_partitions()
+                    .iter()
+                    .map(|p| LogSample {
+                        topic: p.topic.to_string(),
+                        partition: p.id,
+                        start_offset: p.log.start_offset().0,
+                        end_offset: p.log.end_offset().0,
+                        size_bytes: p.log.size_bytes(),
+                        segments: p.log.segment_count() as u64,
+                    })
+                    .collect();
+                v.sort_by(|a, b| {
+                    (a.topic.starts_with("__"), &a.topic, a.partition).cmp(&(
+                        b.topic.starts_with("__"),
+                        &b.topic,
+                        b.partition,
+                    ))
+                });
+                let shown = ctx.config.metrics_partitions_max;
+                let omitted = v.len().saturating_sub(shown) as u64;
+                v.truncate(shown);
+                (v, omitted)
+            },
             high_watermarks: {
                 // Followers' are the leader's, shown by the leader.
                 let mut hw: Vec<(String, u32, u64)> = ctx
@@ -163,6 +204,17 @@ impl ShardMetrics {
             group_offsets: ctx.groups.committed_offsets(),
         }
     }
+}
+
+/// One partition log's figures, as `/metrics` shows them.
+#[derive(Debug, Clone)]
+pub struct LogSample {
+    pub topic: String,
+    pub partition: u32,
+    pub start_offset: u64,
+    pub end_offset: u64,
+    pub size_bytes: u64,
+    pub segments: u64,
 }
 
 /// A partition led here, as `/metrics` shows it.
@@ -195,6 +247,17 @@ pub struct MetricsSnapshot {
     pub log_file_evictions: u64,
     pub isr_shrinks: u64,
     pub isr_expands: u64,
+    pub hot_tail_hits: u64,
+    pub hot_tail_misses: u64,
+    pub hot_tail_bytes: u64,
+    pub hot_tail_bytes_max: u64,
+    pub hot_tail_evicted_bytes: u64,
+    pub fdatasync: HistogramSnapshot,
+    pub scheduling_delay: HistogramSnapshot,
+    pub stalls: u64,
+    /// The shard's partition logs in name order, at most
+    /// `metrics_partitions_max`, and how many more it owns.
+    pub logs: (Vec<LogSample>, u64),
     /// (topic, partition, high watermark) of every partition this shard
     /// serves consumers from (alone or leading).
     pub high_watermarks: Vec<(String, u32, u64)>,

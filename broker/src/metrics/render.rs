@@ -1,7 +1,7 @@
 //! Prometheus text format of the shards' snapshots.
 
-use super::histogram::LATENCY_BUCKETS_US;
-use super::{ApiClass, MetricsSnapshot};
+use super::histogram::{HistogramSnapshot, LATENCY_BUCKETS_US};
+use super::{ApiClass, LogSample, MetricsSnapshot};
 use std::fmt::Write as _;
 
 /// Renders snapshots (index = shard) in Prometheus text format.
@@ -58,7 +58,50 @@ pub fn render(shards: &[MetricsSnapshot]) -> String {
     family("log_file_evictions_total", "counter", "Log files closed to stay within the budget.", &|s| {
         s.log_file_evictions
     });
+    family("hot_tail_bytes", "gauge", "Bytes the shard's hot tail windows hold.", &|s| s.hot_tail_bytes);
+    family("hot_tail_bytes_max", "gauge", "The shard's hot tail budget.", &|s| s.hot_tail_bytes_max);
+    family(
+        "hot_tail_evicted_bytes_total",
+        "counter",
+        "Hot tail bytes dropped to stay within the shard's budget.",
+        &|s| s.hot_tail_evicted_bytes,
+    );
+    family(
+        "shard_stalls_total",
+        "counter",
+        "Scheduling probe wake-ups at least 20 ms late: something held the shard's thread.",
+        &|s| s.stalls,
+    );
+    family(
+        "metrics_partitions_omitted",
+        "gauge",
+        "Partitions of the shard beyond metrics_partitions_max, without per-partition log series.",
+        &|s| s.logs.1,
+    );
+    let _ = writeln!(
+        out,
+        "# HELP shardlog_hot_tail_reads_total Log reads answered whole from the hot tail (hit) or from segment files (miss).\n# TYPE shardlog_hot_tail_reads_total counter"
+    );
+    for (shard, s) in shards.iter().enumerate() {
+        for (result, v) in [("hit", s.hot_tail_hits), ("miss", s.hot_tail_misses)] {
+            let _ =
+                writeln!(out, "shardlog_hot_tail_reads_total{{shard=\"{shard}\",result=\"{result}\"}} {v}");
+        }
+    }
     render_latency(&mut out, shards);
+    render_histogram(
+        &mut out,
+        "log_fdatasync_duration_seconds",
+        "Time of each fdatasync of segment data (flush policy, recovery points).",
+        shards.iter().enumerate().map(|(shard, s)| (format!("shard=\"{shard}\""), &s.fdatasync)),
+    );
+    render_histogram(
+        &mut out,
+        "shard_scheduling_delay_seconds",
+        "How late the shard's 10 ms probe timer fires: what a ready task waits for the reactor.",
+        shards.iter().enumerate().map(|(shard, s)| (format!("shard=\"{shard}\""), &s.scheduling_delay)),
+    );
+    render_logs(&mut out, shards);
     render_partitions(&mut out, shards);
     let _ = writeln!(
         out,
@@ -162,31 +205,60 @@ fn render_replication(out: &mut String, shards: &[MetricsSnapshot]) {
 
 /// `shardlog_request_duration_seconds`, a Prometheus histogram per shard and API.
 fn render_latency(out: &mut String, shards: &[MetricsSnapshot]) {
-    let _ = writeln!(
+    render_histogram(
         out,
-        "# HELP shardlog_request_duration_seconds Time from a request's arrival to its response, by API (fetch includes the long-poll wait).\n# TYPE shardlog_request_duration_seconds histogram"
+        "request_duration_seconds",
+        "Time from a request's arrival to its response, by API (fetch includes the long-poll wait).",
+        shards.iter().enumerate().flat_map(|(shard, s)| {
+            ApiClass::ALL
+                .iter()
+                .zip(&s.request_latency)
+                .map(move |(api, h)| (format!("shard=\"{shard}\",api=\"{}\"", api.label()), h))
+        }),
     );
-    for (shard, s) in shards.iter().enumerate() {
-        for (api, h) in ApiClass::ALL.iter().zip(&s.request_latency) {
-            let api = api.label();
-            let mut cumulative = 0u64;
-            for (i, n) in h.buckets.iter().enumerate() {
-                cumulative += n;
-                let le =
-                    LATENCY_BUCKETS_US.get(i).map_or("+Inf".to_string(), |us| (*us as f64 / 1e6).to_string());
-                let _ = writeln!(
-                    out,
-                    "shardlog_request_duration_seconds_bucket{{shard=\"{shard}\",api=\"{api}\",le=\"{le}\"}} {cumulative}"
-                );
-            }
-            let sum = h.sum_us as f64 / 1e6;
+}
+
+/// One Prometheus histogram family `shardlog_{name}`, a series per labels.
+fn render_histogram<'a>(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    series: impl Iterator<Item = (String, &'a HistogramSnapshot)>,
+) {
+    let _ = writeln!(out, "# HELP shardlog_{name} {help}\n# TYPE shardlog_{name} histogram");
+    for (labels, h) in series {
+        let mut cumulative = 0u64;
+        for (i, n) in h.buckets.iter().enumerate() {
+            cumulative += n;
+            let le =
+                LATENCY_BUCKETS_US.get(i).map_or("+Inf".to_string(), |us| (*us as f64 / 1e6).to_string());
+            let _ = writeln!(out, "shardlog_{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+        }
+        let sum = h.sum_us as f64 / 1e6;
+        let _ = writeln!(out, "shardlog_{name}_sum{{{labels}}} {sum}");
+        let _ = writeln!(out, "shardlog_{name}_count{{{labels}}} {cumulative}");
+    }
+}
+
+/// Per partition log (at most `metrics_partitions_max` per shard): its
+/// start and end offsets, size and segment count.
+fn render_logs(out: &mut String, shards: &[MetricsSnapshot]) {
+    type Field = fn(&LogSample) -> u64;
+    let families: [(&str, &str, Field); 4] = [
+        ("partition_log_start_offset", "The first offset still in the partition's log.", |l| l.start_offset),
+        ("partition_log_end_offset", "The offset the partition's next record gets.", |l| l.end_offset),
+        ("partition_log_size_bytes", "Bytes of the partition's segments.", |l| l.size_bytes),
+        ("partition_log_segments", "Segments of the partition's log.", |l| l.segments),
+    ];
+    for (name, help, value) in families {
+        let _ = writeln!(out, "# HELP shardlog_{name} {help}\n# TYPE shardlog_{name} gauge");
+        for l in shards.iter().flat_map(|s| &s.logs.0) {
             let _ = writeln!(
                 out,
-                "shardlog_request_duration_seconds_sum{{shard=\"{shard}\",api=\"{api}\"}} {sum}"
-            );
-            let _ = writeln!(
-                out,
-                "shardlog_request_duration_seconds_count{{shard=\"{shard}\",api=\"{api}\"}} {cumulative}"
+                "shardlog_{name}{{topic=\"{}\",partition=\"{}\"}} {}",
+                label(&l.topic),
+                l.partition,
+                value(l)
             );
         }
     }

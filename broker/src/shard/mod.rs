@@ -140,7 +140,8 @@ pub enum ShardReply {
     ListOffset(Result<(i64, i64), PartitionError>),
     TopicResults(Vec<TopicOutcome>),
     Done(Result<(), TopicOpError>),
-    Metrics(crate::metrics::MetricsSnapshot),
+    // Boxed: a snapshot is most of a reply's size, and it is rare.
+    Metrics(Box<crate::metrics::MetricsSnapshot>),
     Group(Box<crate::group::api::GroupResponse>),
     Groups(Vec<crate::group::api::ListedGroup>),
     ProducerId(Result<i64, PartitionError>),
@@ -305,6 +306,16 @@ impl ShardContext {
     /// The open-file budget shared by this shard's partition logs.
     pub fn log_files(&self) -> &Rc<crate::log::FileBudget> {
         &self.log_options.files
+    }
+
+    /// The shard's storage counters (fdatasync latency).
+    pub fn log_io_stats(&self) -> &crate::log::IoStats {
+        &self.log_options.io_stats
+    }
+
+    /// The shard's hot-tail budget.
+    pub fn hot_tail(&self) -> &crate::log::HotTailBudget {
+        &self.log_options.hot_tail
     }
 
     /// The shard that owns a partition.
@@ -531,7 +542,7 @@ impl ShardContext {
             ShardOp::DeleteTopics(names) => ShardReply::TopicResults(self.delete_topics(names).await),
             ShardOp::ApplyTopic(meta) => ShardReply::Done(self.apply_topic(meta, true).await),
             ShardOp::RemoveTopic(name) => ShardReply::Done(self.remove_topic(&name).await),
-            ShardOp::Metrics => ShardReply::Metrics(self.metrics.snapshot(self)),
+            ShardOp::Metrics => ShardReply::Metrics(Box::new(self.metrics.snapshot(self))),
             ShardOp::Group(req) => ShardReply::Group(Box::new(self.groups.handle(self, *req).await)),
             ShardOp::ListGroups => ShardReply::Groups(self.groups.list_local()),
             ShardOp::InitProducerId => ShardReply::ProducerId(crate::producer_ids::allocate_here(self).await),
