@@ -99,6 +99,7 @@ fn five_thousand_idle_connections_cost_little_and_others_are_served() {
 
 #[test]
 fn slow_senders_and_idle_connections_are_closed_at_their_deadlines() {
+    let _one_at_a_time = rss_measured();
     let dir = tempfile::tempdir().expect("tempdir");
     let handle = broker(dir.path(), |c| {
         c.limits.request_read_timeout = Duration::from_millis(700);
@@ -106,6 +107,27 @@ fn slow_senders_and_idle_connections_are_closed_at_their_deadlines() {
     });
     let port = handle.ready.listen.port();
     assert_eq!(Conn::open(port).create_topic("t", 1), ErrorCode::None);
+
+    // 500 slow senders at once, each partway through a request that
+    // announces 4 MiB: the envelope buffer grows only as bytes arrive, so
+    // they cost little; all are closed by the read timeout.
+    let before = rss_mib();
+    let mut crowd: Vec<TcpStream> = (0..500)
+        .map(|_| {
+            let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+            s.write_all(&(4u32 << 20).to_le_bytes()).expect("prefix");
+            s.write_all(&[0u8; 100]).expect("some of the envelope");
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let crowd_rss = rss_mib().saturating_sub(before);
+    still_serves(port, "t");
+    for s in &mut crowd {
+        wait_closed(s, Duration::from_secs(5)).expect("every slow sender is disconnected");
+    }
+    println!("500 slow senders: RSS +{crowd_rss} MiB while they trickled");
+    assert!(crowd_rss < 64, "500 slow senders cost {crowd_rss} MiB (bound 64 MiB)");
 
     // One byte every 200 ms of a frame announcing 4 MiB: closed once the read timeout passes.
     let mut slow = TcpStream::connect(("127.0.0.1", port)).expect("connect");
@@ -286,10 +308,12 @@ fn a_produce_flood_past_the_buffer_budget_is_held_back_not_buffered() {
 
 #[test]
 fn a_topic_creation_storm_is_served_in_turn_within_the_partition_limit() {
+    let _one_at_a_time = rss_measured();
     let dir = tempfile::tempdir().expect("tempdir");
     let handle = broker(dir.path(), |c| c.limits.partitions_max = 16 + 300);
     let port = handle.ready.listen.port();
     assert_eq!(Conn::open(port).create_topic("t", 1), ErrorCode::None);
+    let before = rss_mib();
     let started = Instant::now();
     let storms: Vec<_> = (0..8)
         .map(|i| {
@@ -306,11 +330,15 @@ fn a_topic_creation_storm_is_served_in_turn_within_the_partition_limit() {
         .iter()
         .filter(|e| **e == ErrorCode::InvalidPartitions || **e == ErrorCode::ResourceLimit)
         .count();
+    let grown = rss_mib().saturating_sub(before);
     println!(
-        "topic storm: {} requests in {:?}: {created} created, {refused} refused by partitions_max",
+        "topic storm: {} requests in {:?}: {created} created, {refused} refused by partitions_max; RSS +{grown} MiB",
         results.len(),
         started.elapsed()
     );
+    // Empty partitions hold no write buffers or hot tail yet: an open log
+    // is its metadata, one file and small indexes.
+    assert!(grown < 128, "299 new partitions cost {grown} MiB (bound 128 MiB)");
     assert_eq!(created, 299, "the limit counts the offsets topic and `t`");
     assert_eq!(created + refused, results.len(), "every refusal is the typed limit error: {results:?}");
     still_serves(port, "t");
