@@ -93,14 +93,24 @@ impl Log {
         if let Err(e) = flush_inner(sh).await {
             tracing::debug!(dir = %sh.dir.display(), error = %e, "flush before delete failed");
         }
-        // One-off directory listing at topic deletion (glommio has no readdir).
-        let entries = std::fs::read_dir(&sh.dir).map_err(|e| LogError::io("listing", &sh.dir, e))?;
-        for entry in entries {
-            let path = entry.map_err(|e| LogError::io("listing", &sh.dir, e))?.path();
+        // Glommio has no readdir or rmdir: list and remove the directory on
+        // its blocking thread pool, off the shard's reactor (a deletion or a
+        // replica moving away runs while the shard serves).
+        let listed: std::io::Result<Vec<std::path::PathBuf>> = {
+            let dir = sh.dir.clone();
+            glommio::executor()
+                .spawn_blocking(move || std::fs::read_dir(&dir)?.map(|e| e.map(|e| e.path())).collect())
+                .await
+        };
+        let paths = listed.map_err(|e| LogError::io("listing", &sh.dir, e))?;
+        for path in paths {
             glommio::io::remove(&path).await.map_err(|e| LogError::glommio("removing", &path, e))?;
         }
-        // One-off rmdir (glommio has no async rmdir).
-        std::fs::remove_dir(&sh.dir).map_err(|e| LogError::io("removing directory", &sh.dir, e))?;
+        let dir = sh.dir.clone();
+        glommio::executor()
+            .spawn_blocking(move || std::fs::remove_dir(&dir))
+            .await
+            .map_err(|e| LogError::io("removing directory", &sh.dir, e))?;
         Ok(())
     }
 }

@@ -176,10 +176,18 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
     crate::fault::hit(crate::fault::FaultPoint::RecoveryRead, &dir)
         .await
         .map_err(|e| LogError::io("opening log", &dir, e))?;
-    // One-off blocking metadata calls at open (mkdir -p, statfs, readdir):
-    // glommio has no async versions and they run once per partition.
-    std::fs::create_dir_all(&dir).map_err(|e| LogError::io("creating directory", &dir, e))?;
-    let direct_io = !is_tmpfs(&dir)?;
+    // Blocking metadata calls (mkdir -p, statfs, readdir) that glommio has
+    // no async versions of run on its blocking thread pool: a topic created
+    // while the shard serves opens its logs without stalling the reactor.
+    let direct_io = {
+        let dir = dir.clone();
+        glommio::executor()
+            .spawn_blocking(move || {
+                std::fs::create_dir_all(&dir).map_err(|e| LogError::io("creating directory", &dir, e))?;
+                is_tmpfs(&dir).map(|tmpfs| !tmpfs)
+            })
+            .await?
+    };
     if !direct_io {
         tracing::warn!(
             dir = %dir.display(),
@@ -193,7 +201,10 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
     check_metadata(&dir).await?;
     finish_swaps(&dir).await?;
     let marker = read_marker(&dir);
-    let mut segments = list_segments(&dir)?;
+    let mut segments = {
+        let dir = dir.clone();
+        glommio::executor().spawn_blocking(move || list_segments(&dir)).await?
+    };
     let mut closed = VecDeque::new();
     let mut closed_bytes = 0;
     let mut i = 0;
