@@ -11,7 +11,7 @@ use crate::partition::PartitionError;
 use crate::shard::{RemoteRead, ShardContext, ShardOp, ShardReply, TopicSpec};
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::protocol::{Encodable, StrBytes};
 use shardlog_schema::types::OFFSETS_TOPIC;
 use shardlog_schema::wire::ErrorCode;
 use std::rc::Rc;
@@ -57,59 +57,31 @@ pub(super) async fn handle(
     mut body: Bytes,
 ) -> anyhow::Result<Option<Vec<u8>>> {
     use super::group;
-    let out = match api {
-        ApiKey::ApiVersions => encoded(&api_versions(0), version),
-        ApiKey::Metadata => metadata(ctx, MetadataRequest::decode(&mut body, version)?, version),
-        ApiKey::Produce => produce(ctx, ProduceRequest::decode(&mut body, version)?, version).await,
-        ApiKey::Fetch => fetch(ctx, FetchRequest::decode(&mut body, version)?, version).await,
-        ApiKey::ListOffsets => {
-            list_offsets(ctx, ListOffsetsRequest::decode(&mut body, version)?, version).await
-        }
-        ApiKey::CreateTopics => {
-            create_topics(ctx, CreateTopicsRequest::decode(&mut body, version)?, version).await
-        }
-        ApiKey::DeleteTopics => {
-            delete_topics(ctx, DeleteTopicsRequest::decode(&mut body, version)?, version).await
-        }
-        ApiKey::DescribeConfigs => super::configs::describe_configs(
-            ctx,
-            DescribeConfigsRequest::decode(&mut body, version)?,
-            version,
-        ),
-        ApiKey::InitProducerId => {
-            init_producer_id(ctx, InitProducerIdRequest::decode(&mut body, version)?, version, peer).await
-        }
-        ApiKey::FindCoordinator => {
-            group::find_coordinator(ctx, FindCoordinatorRequest::decode(&mut body, version)?, version)
-        }
-        ApiKey::JoinGroup => {
+    use super::request::Request;
+    let out = match Request::decode(api, version, &mut body)? {
+        Request::ApiVersions => encoded(&api_versions(0), version),
+        Request::Metadata(r) => metadata(ctx, r, version),
+        Request::Produce(r) => produce(ctx, r, version).await,
+        Request::Fetch(r) => fetch(ctx, r, version).await,
+        Request::ListOffsets(r) => list_offsets(ctx, r, version).await,
+        Request::CreateTopics(r) => create_topics(ctx, r, version).await,
+        Request::DeleteTopics(r) => delete_topics(ctx, r, version).await,
+        Request::DescribeConfigs(r) => super::configs::describe_configs(ctx, r, version),
+        Request::InitProducerId(r) => init_producer_id(ctx, r, version, peer).await,
+        Request::FindCoordinator(r) => group::find_coordinator(ctx, r, version),
+        Request::JoinGroup(r) => {
             let client_id = header.client_id.as_ref().map_or(String::new(), |c| c.to_string());
             let host = peer.rsplit_once(':').map_or(peer, |(h, _)| h).to_string();
-            group::join(ctx, JoinGroupRequest::decode(&mut body, version)?, version, client_id, host).await
+            group::join(ctx, r, version, client_id, host).await
         }
-        ApiKey::SyncGroup => group::sync(ctx, SyncGroupRequest::decode(&mut body, version)?, version).await,
-        ApiKey::Heartbeat => {
-            group::heartbeat(ctx, HeartbeatRequest::decode(&mut body, version)?, version).await
-        }
-        ApiKey::LeaveGroup => {
-            group::leave(ctx, LeaveGroupRequest::decode(&mut body, version)?, version).await
-        }
-        ApiKey::OffsetCommit => {
-            group::offset_commit(ctx, OffsetCommitRequest::decode(&mut body, version)?, version).await
-        }
-        ApiKey::OffsetFetch => {
-            group::offset_fetch(ctx, OffsetFetchRequest::decode(&mut body, version)?, version).await
-        }
-        ApiKey::ListGroups => {
-            group::list_groups(ctx, ListGroupsRequest::decode(&mut body, version)?, version).await
-        }
-        ApiKey::DescribeGroups => {
-            group::describe_groups(ctx, DescribeGroupsRequest::decode(&mut body, version)?, version).await
-        }
-        ApiKey::DeleteGroups => {
-            group::delete_groups(ctx, DeleteGroupsRequest::decode(&mut body, version)?, version).await
-        }
-        other => anyhow::bail!("{other:?} is listed as supported but has no handler"),
+        Request::SyncGroup(r) => group::sync(ctx, r, version).await,
+        Request::Heartbeat(r) => group::heartbeat(ctx, r, version).await,
+        Request::LeaveGroup(r) => group::leave(ctx, r, version).await,
+        Request::OffsetCommit(r) => group::offset_commit(ctx, r, version).await,
+        Request::OffsetFetch(r) => group::offset_fetch(ctx, r, version).await,
+        Request::ListGroups(r) => group::list_groups(ctx, r, version).await,
+        Request::DescribeGroups(r) => group::describe_groups(ctx, r, version).await,
+        Request::DeleteGroups(r) => group::delete_groups(ctx, r, version).await,
     }?;
     Ok(out.map(|b| b.to_vec()))
 }

@@ -30,6 +30,7 @@ mod configs;
 pub mod decompress;
 mod group;
 pub mod records;
+pub mod request;
 
 use crate::config::KafkaAdvertise;
 use crate::shard::ShardContext;

@@ -46,6 +46,7 @@ pub const TARGETS: &[(&str, Check)] = &[
     ("settings_toml", settings_toml),
     ("topic_config", topic_config),
     ("kafka_records", kafka_records),
+    ("kafka_request", kafka_request),
 ];
 
 /// Takes fixed-size fields off the front of the input (zeros once it runs
@@ -713,4 +714,24 @@ pub fn kafka_records(data: &[u8]) {
     let mut back = bytes::BytesMut::new();
     shardlog_broker::kafka::records::native_to_kafka(&out, usize::MAX, &mut back)
         .expect("translated batches translate back");
+}
+
+/// **kafka_request**: a Kafka request frame (without its length prefix),
+/// decoded as the Kafka listener does before serving it
+/// (`kafka::request::decode_frame`: the API key and version words, the
+/// request header, the body of every supported API). Either it is refused
+/// with a reason, not a panic (the vendored `kafka-protocol` decoders run
+/// under `catch_unwind` here), or it decoded as a supported API and version
+/// whose header names the same API and version.
+pub fn kafka_request(data: &[u8]) {
+    use shardlog_broker::kafka::{request::decode_frame, SUPPORTED};
+    let frame = bytes::Bytes::copy_from_slice(data);
+    let decoded = std::panic::catch_unwind(move || decode_frame(frame).map(|(api, v, h, _)| (api, v, h)));
+    let Ok(decoded) = decoded else {
+        panic!("the Kafka request decoder panicked");
+    };
+    if let Ok((api, version, header)) = decoded {
+        assert!(SUPPORTED.iter().any(|(k, min, max)| *k == api && (*min..=*max).contains(&version)));
+        assert_eq!((header.request_api_key, header.request_api_version), (api as i16, version));
+    }
 }

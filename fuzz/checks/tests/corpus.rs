@@ -51,6 +51,20 @@ fn corpus_and_regressions_pass_their_checks() {
     assert!(failed.is_empty(), "inputs that fail their check (see the panics above): {failed:#?}");
 }
 
+/// Every version of every API the Kafka listener lists decodes its default
+/// request: no API it lists lacks a decoder.
+#[test]
+fn every_supported_kafka_request_decodes() {
+    for &(api, min, max) in shardlog_broker::kafka::SUPPORTED {
+        for v in min..=max {
+            let frame = bytes::Bytes::from(kafka_request_seed(api, v));
+            let (got, version, _, _) = shardlog_broker::kafka::request::decode_frame(frame)
+                .unwrap_or_else(|e| panic!("{api:?} v{v}: {e}"));
+            assert_eq!((got, version), (api, v));
+        }
+    }
+}
+
 /// The seeds pass their checks and are what their decoder accepts.
 #[test]
 fn seeds_are_valid_inputs() {
@@ -83,6 +97,9 @@ fn seeds_are_valid_inputs() {
                 "settings_toml" => {
                     toml::from_str::<checks::settings::Settings>(std::str::from_utf8(data).expect("utf-8"))
                         .is_ok()
+                }
+                "kafka_request" => {
+                    shardlog_broker::kafka::request::decode_frame(bytes::Bytes::copy_from_slice(data)).is_ok()
                 }
                 "kafka_records" => shardlog_broker::kafka::records::kafka_to_native(
                     bytes::Bytes::copy_from_slice(&data[1..]),
@@ -252,8 +269,55 @@ fn scan_params(flags: u8, base: u32, interval: u16) -> Vec<u8> {
 }
 
 /// (target, name, bytes) of every seed.
+/// A default `api` request at `version`, as a Kafka client frames it (the
+/// request header, then the body; no length prefix).
+fn kafka_request_seed(api: kafka_protocol::messages::ApiKey, version: i16) -> Vec<u8> {
+    use kafka_protocol::messages::*;
+    use kafka_protocol::protocol::Encodable;
+    fn encode<T: Encodable + Default>(api: ApiKey, version: i16) -> Vec<u8> {
+        let mut header = RequestHeader::default();
+        header.request_api_key = api as i16;
+        header.request_api_version = version;
+        header.correlation_id = 1;
+        header.client_id = Some(kafka_protocol::protocol::StrBytes::from_static_str("seed"));
+        let mut out = bytes::BytesMut::new();
+        header.encode(&mut out, api.request_header_version(version)).expect("a header encodes");
+        T::default().encode(&mut out, version).expect("a default request encodes");
+        out.to_vec()
+    }
+    match api {
+        ApiKey::ApiVersions => encode::<ApiVersionsRequest>(api, version),
+        ApiKey::Metadata => encode::<MetadataRequest>(api, version),
+        ApiKey::Produce => encode::<ProduceRequest>(api, version),
+        ApiKey::Fetch => encode::<FetchRequest>(api, version),
+        ApiKey::ListOffsets => encode::<ListOffsetsRequest>(api, version),
+        ApiKey::CreateTopics => encode::<CreateTopicsRequest>(api, version),
+        ApiKey::DeleteTopics => encode::<DeleteTopicsRequest>(api, version),
+        ApiKey::DescribeConfigs => encode::<DescribeConfigsRequest>(api, version),
+        ApiKey::InitProducerId => encode::<InitProducerIdRequest>(api, version),
+        ApiKey::FindCoordinator => encode::<FindCoordinatorRequest>(api, version),
+        ApiKey::JoinGroup => encode::<JoinGroupRequest>(api, version),
+        ApiKey::SyncGroup => encode::<SyncGroupRequest>(api, version),
+        ApiKey::Heartbeat => encode::<HeartbeatRequest>(api, version),
+        ApiKey::LeaveGroup => encode::<LeaveGroupRequest>(api, version),
+        ApiKey::OffsetCommit => encode::<OffsetCommitRequest>(api, version),
+        ApiKey::OffsetFetch => encode::<OffsetFetchRequest>(api, version),
+        ApiKey::ListGroups => encode::<ListGroupsRequest>(api, version),
+        ApiKey::DescribeGroups => encode::<DescribeGroupsRequest>(api, version),
+        ApiKey::DeleteGroups => encode::<DeleteGroupsRequest>(api, version),
+        other => panic!("{other:?} is supported but has no seed here"),
+    }
+}
+
 fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     let mut s: Vec<(&'static str, String, Vec<u8>)> = Vec::new();
+    // kafka_request: every supported API at its lowest and highest version
+    // (every version decodes: the seeds test checks them all).
+    for &(api, min, max) in shardlog_broker::kafka::SUPPORTED {
+        for v in [min, max] {
+            s.push(("kafka_request", format!("{api:?}-v{v}"), kafka_request_seed(api, v)));
+        }
+    }
     // frame: what the client sends, an envelope per API, an error response.
     s.push(("frame", "metadata".into(), client::encode_metadata(1, "cli", Some(&["orders".to_string()]))));
     let topic = client::NewTopic {
