@@ -595,11 +595,13 @@ async fn shutdown_shard(ctx: &Rc<ShardContext>, tasks: [glommio::Task<()>; 7]) -
 /// and compacts the partitions of `cleanup.policy=compact` topics when
 /// their dirty share is due (`log::compact`).
 async fn retention_loop(ctx: Rc<ShardContext>) {
+    use tracing::Instrument;
     loop {
         glommio::timer::sleep(ctx.config.retention_check_interval).await;
         let now_ms = now_ms();
         for p in ctx.owned_partitions() {
-            match p.log.enforce_retention(now_ms).await {
+            let span = tracing::info_span!("partition", topic = %p.topic, partition = p.id);
+            match p.log.enforce_retention(now_ms).instrument(span.clone()).await {
                 Ok(o) if o.segments_deleted > 0 => tracing::info!(
                     topic = %p.topic, partition = p.id, segments = o.segments_deleted, bytes = o.bytes_deleted,
                     start_offset = p.log.start_offset().0, "retention deleted segments"
@@ -607,7 +609,7 @@ async fn retention_loop(ctx: Rc<ShardContext>) {
                 Ok(_) => {}
                 Err(e) => tracing::error!(topic = %p.topic, partition = p.id, error = %e, "retention failed"),
             }
-            if let Err(e) = p.log.compact(now_ms).await {
+            if let Err(e) = p.log.compact(now_ms).instrument(span).await {
                 tracing::error!(topic = %p.topic, partition = p.id, error = %e, "compaction failed");
             }
             glommio::yield_if_needed().await;
@@ -619,6 +621,7 @@ async fn retention_loop(ctx: Rc<ShardContext>) {
 /// (`log::recovery_point`); a partition that wrote little since its last
 /// one is skipped without I/O.
 async fn recovery_point_loop(ctx: Rc<ShardContext>) {
+    use tracing::Instrument;
     let every = ctx.config.recovery_point_interval;
     if every.is_zero() {
         return;
@@ -626,7 +629,8 @@ async fn recovery_point_loop(ctx: Rc<ShardContext>) {
     loop {
         glommio::timer::sleep(every).await;
         for p in ctx.owned_partitions() {
-            if let Err(e) = p.log.write_recovery_point().await {
+            let span = tracing::info_span!("partition", topic = %p.topic, partition = p.id);
+            if let Err(e) = p.log.write_recovery_point().instrument(span).await {
                 tracing::warn!(topic = %p.topic, partition = p.id, error = %e, "cannot write the recovery point");
             }
             glommio::yield_if_needed().await;

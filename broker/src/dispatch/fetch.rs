@@ -40,7 +40,14 @@ impl FetchPart {
     }
 }
 
+/// Reads one partition of a fetch, inside a `partition` span.
 async fn read_part(ctx: &Rc<ShardContext>, part: &mut FetchPart, max_bytes: u32) {
+    use tracing::Instrument;
+    let span = tracing::info_span!("partition", topic = %part.topic, partition = part.partition);
+    read_part_in_span(ctx, part, max_bytes).instrument(span).await
+}
+
+async fn read_part_in_span(ctx: &Rc<ShardContext>, part: &mut FetchPart, max_bytes: u32) {
     part.reset();
     if let Some(e) = ctx.check_served(&part.topic, part.partition) {
         part.error = Some(e);

@@ -24,6 +24,20 @@ pub(crate) async fn produce_one(
     data: &[u8],
     acks: Acks,
 ) -> ProduceOutcome {
+    use tracing::Instrument;
+    produce_in_partition(ctx, topic, partition, data, acks)
+        .instrument(tracing::info_span!("partition", topic, partition))
+        .await
+}
+
+/// [`produce_one`] inside its `partition` span.
+async fn produce_in_partition(
+    ctx: &Rc<ShardContext>,
+    topic: &str,
+    partition: u32,
+    data: &[u8],
+    acks: Acks,
+) -> ProduceOutcome {
     let result = if let Some(e) = ctx.check_served(topic, partition) {
         Err(e)
     } else if topic == shardlog_schema::types::OFFSETS_TOPIC {

@@ -378,12 +378,15 @@ async fn open_last(
             let scan = recover_scan_from(&reader, base, start, size, None, 0).await?;
             warn_scan(&path, size, &scan);
             // Says where the open resumed and what it had to validate
-            // (`validated_bytes`: batches checked past the point).
-            tracing::info!(
+            // (`validated_bytes`: batches checked past the point); a new,
+            // empty segment (a partition just created) has nothing to say.
+            if size > 0 {
+                tracing::info!(
                 path = %path.display(), trusted_bytes = trusted, validated_bytes = scan.valid_bytes - trusted,
                 file_bytes = size, from_recovery_point = resumed.is_some(),
                 "unclean shutdown: recovered the active segment"
-            );
+                );
+            }
             scan
         }
     };
