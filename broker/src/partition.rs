@@ -6,7 +6,7 @@
 //! it validates input and delegates to `log`.
 
 use crate::config::TopicConfig;
-use crate::log::{AppendInfo, Log, LogError, LogOptions, LogRead};
+use crate::log::{AppendInfo, CheckError, CheckedBatches, Log, LogError, LogOptions, LogRead};
 use shardlog_schema::batch::{self, BatchIter};
 use shardlog_schema::{ErrorCode, Offset};
 use std::cell::{Cell, RefCell};
@@ -84,32 +84,23 @@ impl Future for Changed {
 }
 
 /// Checks that `bytes` is a sequence of whole, valid batches (header, CRC,
-/// record set) each at most `batch_bytes_max`, and returns how many.
-pub fn validate_batches(bytes: &[u8], batch_bytes_max: usize) -> Result<usize, PartitionError> {
+/// record set) each at most `batch_bytes_max`: the one check a produced
+/// batch gets (the log takes the proof and does not check again).
+pub fn validate_batches(bytes: &[u8], batch_bytes_max: usize) -> Result<CheckedBatches<'_>, PartitionError> {
     if bytes.is_empty() {
         return Err(PartitionError::new(ErrorCode::CorruptMessage, "produce request has no record batch"));
     }
-    let mut pos = 0;
-    let mut count = 0;
-    while pos < bytes.len() {
-        let rest = &bytes[pos..];
-        if let Some(total) = batch::peek_total_bytes(rest) {
-            if total > batch_bytes_max {
-                return Err(PartitionError::new(
-                    ErrorCode::MessageTooLarge,
-                    format!(
-                        "batch of {total} bytes exceeds the topic's max.message.bytes of {batch_bytes_max}"
-                    ),
-                ));
-            }
+    CheckedBatches::produced(bytes, batch_bytes_max).map_err(|CheckError { at, error }| match error {
+        batch::BatchError::BadLength { length, .. } if length > batch_bytes_max as u64 => {
+            PartitionError::new(
+                ErrorCode::MessageTooLarge,
+                format!("batch of {length} bytes exceeds the topic's max.message.bytes of {batch_bytes_max}"),
+            )
         }
-        let header = batch::validate_with_records(rest, batch_bytes_max).map_err(|e| {
-            PartitionError::new(ErrorCode::CorruptMessage, format!("batch at byte {pos} rejected: {e}"))
-        })?;
-        pos += header.total_bytes();
-        count += 1;
-    }
-    Ok(count)
+        error => {
+            PartitionError::new(ErrorCode::CorruptMessage, format!("batch at byte {at} rejected: {error}"))
+        }
+    })
 }
 
 pub struct Partition {
@@ -145,8 +136,8 @@ impl Partition {
 
     /// Validates and appends whole batches; wakes waiting fetches.
     pub async fn append(&self, batches: &[u8]) -> Result<AppendInfo, PartitionError> {
-        validate_batches(batches, self.config.batch_bytes_max as usize)?;
-        let info = self.log.append(batches, self.leader_epoch.get()).await?;
+        let checked = validate_batches(batches, self.config.batch_bytes_max as usize)?;
+        let info = self.log.append_checked(checked, self.leader_epoch.get()).await?;
         self.replica.advance_hw(self.log.high_watermark().0);
         self.data.notify();
         Ok(info)
@@ -270,7 +261,7 @@ mod tests {
     fn validation_is_typed() {
         let mut two = batch(3);
         two.extend(batch(2));
-        assert_eq!(validate_batches(&two, 1 << 20), Ok(2));
+        assert_eq!(validate_batches(&two, 1 << 20).map(|c| c.headers().len()), Ok(2));
         assert!(whole_batches(&two, 1 << 20));
         assert_eq!(validate_batches(&[], 1 << 20).unwrap_err().code, ErrorCode::CorruptMessage);
         let mut torn = two.clone();

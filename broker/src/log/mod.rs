@@ -62,6 +62,7 @@
 //! access); otherwise it takes the file path above.
 
 mod admit;
+mod checked;
 mod compact;
 pub mod dump;
 mod epochs;
@@ -73,6 +74,7 @@ mod notify;
 pub mod producers;
 mod segment;
 
+pub use checked::{CheckError, CheckedBatches};
 pub use compact::CompactOutcome;
 pub use epochs::LeaderEpochs;
 pub(crate) use error::is_no_space;
@@ -497,7 +499,18 @@ impl Log {
         batches: &'a [u8],
         leader_epoch: i32,
     ) -> impl std::future::Future<Output = Result<AppendInfo, LogError>> + 'a {
-        self.append_as(batches, Stamp::Leader(leader_epoch))
+        self.append_as(self.check_stored(batches), Stamp::Leader(leader_epoch))
+    }
+
+    /// [`Self::append`] of batches already checked (a produce request's,
+    /// by the partition): nothing is validated again, so each produced byte
+    /// is CRC'd once.
+    pub fn append_checked<'a>(
+        &'a self,
+        checked: CheckedBatches<'a>,
+        leader_epoch: i32,
+    ) -> impl std::future::Future<Output = Result<AppendInfo, LogError>> + 'a {
+        self.append_as(Ok(checked), Stamp::Leader(leader_epoch))
     }
 
     /// A follower's append: the leader's batches unchanged (their offsets,
@@ -509,28 +522,26 @@ impl Log {
         &'a self,
         batches: &'a [u8],
     ) -> impl std::future::Future<Output = Result<AppendInfo, LogError>> + 'a {
-        self.append_as(batches, Stamp::Replica)
+        self.append_as(self.check_stored(batches), Stamp::Replica)
+    }
+
+    fn check_stored<'a>(&self, batches: &'a [u8]) -> Result<CheckedBatches<'a>, LogError> {
+        check_append_bytes(batches.len())?;
+        Ok(CheckedBatches::stored(batches, self.sh.config.batch_bytes_max as usize)?)
     }
 
     fn append_as<'a>(
         &'a self,
-        batches: &'a [u8],
+        checked: Result<CheckedBatches<'a>, LogError>,
         stamp: Stamp,
     ) -> impl std::future::Future<Output = Result<AppendInfo, LogError>> + 'a {
-        let checked = self.check_append(batches);
+        let checked = checked.and_then(|c| check_append_bytes(c.bytes().len()).map(|()| c));
         let ticket = checked.is_ok().then(|| Ticket::take(&self.sh));
         async move {
-            let headers = checked?;
+            let checked = checked?;
             let ticket = ticket.expect("a ticket is taken for every valid append");
-            self.append_in_turn(batches, &headers, stamp, ticket).await
+            self.append_in_turn(checked.bytes(), checked.headers(), stamp, ticket).await
         }
-    }
-
-    fn check_append(&self, batches: &[u8]) -> Result<Vec<BatchHeader>, LogError> {
-        if batches.len() > APPEND_BYTES_MAX {
-            return Err(LogError::BatchTooLarge { bytes: batches.len(), max: APPEND_BYTES_MAX });
-        }
-        validate_all(batches, self.sh.config.batch_bytes_max as usize)
     }
 
     async fn append_in_turn(
@@ -766,19 +777,12 @@ fn check_replica_offsets(headers: &[BatchHeader], end: u64) -> Result<(), LogErr
     Ok(())
 }
 
-/// Validates each batch's header and CRC; returns their headers.
-fn validate_all(batches: &[u8], batch_bytes_max: usize) -> Result<Vec<BatchHeader>, LogError> {
-    let mut headers = Vec::new();
-    let mut at = 0;
-    while at < batches.len() {
-        let h = batch::validate(&batches[at..], batch_bytes_max)?;
-        at += h.total_bytes();
-        headers.push(h);
+/// One append carries at most [`APPEND_BYTES_MAX`].
+fn check_append_bytes(bytes: usize) -> Result<(), LogError> {
+    if bytes > APPEND_BYTES_MAX {
+        return Err(LogError::BatchTooLarge { bytes, max: APPEND_BYTES_MAX });
     }
-    if headers.is_empty() {
-        return Err(LogError::InvalidBatch(batch::BatchError::Empty));
-    }
-    Ok(headers)
+    Ok(())
 }
 
 mod idempotence;
