@@ -28,8 +28,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use shardlog_client::{
-    Acks, Admin, ClientConfig, Consumer, ConsumerConfig, DefaultPartitioner, Producer, ProducerConfig,
-    ProducerRecord, SeekTo,
+    Acks, Admin, ClientConfig, ClientError, Consumer, ConsumerConfig, DefaultPartitioner, DeliveryFuture,
+    Producer, ProducerConfig, ProducerRecord, SeekTo,
 };
 use std::future::Future;
 use std::io::IsTerminal;
@@ -590,7 +590,7 @@ fn fill(result: &mut RunResult, w: &Workload, c: &Counters, warmup_s: u64, durat
 /// The producer side of the client, as the timing core sees it.
 struct ClientSender {
     producer: Producer,
-    topic: String,
+    topic: Arc<str>,
     partitions: u32,
     template: Bytes,
     chunk: BytesMut,
@@ -601,6 +601,10 @@ struct ClientSender {
     offset: u32,
     seq: Sequencer,
     failed: Arc<Mutex<Vec<FailedSend>>>,
+    /// Wall-clock milliseconds at `mono_ns()` 0: a record's create time is
+    /// its intended send instant, read once by the timing core, so the
+    /// client does not read the clock again for it.
+    wall_ms_at_mono_zero: i64,
 }
 
 impl ClientSender {
@@ -630,7 +634,7 @@ impl ClientSender {
         );
         Ok(ClientSender {
             producer,
-            topic: topic.to_owned(),
+            topic: Arc::from(topic),
             partitions: w.partitions_per_topic,
             template,
             chunk: BytesMut::new(),
@@ -640,6 +644,7 @@ impl ClientSender {
             offset: (index as u32).wrapping_mul(7919),
             seq: Sequencer::new(stream as u16, SeqScope::of(w), w.partitions_per_topic),
             failed: run.failed.clone(),
+            wall_ms_at_mono_zero: wall_ms_at_mono_zero(),
         })
     }
 
@@ -657,16 +662,42 @@ impl ClientSender {
     }
 }
 
-type BoxAck = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
+/// Wall-clock milliseconds minus `mono_ns()` in milliseconds, now.
+fn wall_ms_at_mono_zero() -> i64 {
+    let wall =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    wall as i64 - (sched::mono_ns() / 1_000_000) as i64
+}
+
+/// A record's delivery and the id the order check knows it by.
+struct ClientAck {
+    delivery: DeliveryFuture,
+    id: FailedSend,
+}
+
+impl Future for ClientAck {
+    type Output = Result<Instant, (FailedSend, ClientError)>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let id = self.id;
+        Pin::new(&mut self.delivery).poll(cx).map(|r| r.map(|md| md.acknowledged_at).map_err(|e| (id, e)))
+    }
+}
 
 impl Sender for ClientSender {
-    type Ack = BoxAck;
+    type Ack = ClientAck;
+    type Failure = (FailedSend, ClientError);
+
+    fn failed(&mut self, (id, e): (FailedSend, ClientError)) -> anyhow::Error {
+        self.failed.lock().expect("failed-send list lock").push(id);
+        anyhow::Error::new(e).context("delivery")
+    }
 
     fn send(
         &mut self,
         seq: u64,
         intended_ns: u64,
-    ) -> impl Future<Output = anyhow::Result<(BoxAck, u64)>> + Send {
+    ) -> impl Future<Output = anyhow::Result<(ClientAck, u64)>> + Send {
         let (key, partition) = match self.keys {
             KeyDistribution::None => (None, None),
             KeyDistribution::Random => {
@@ -687,26 +718,18 @@ impl Sender for ClientSender {
         let value = self.payload(intended_ns, record_seq);
         let bytes = value.len() as u64;
         let id = (self.seq.stream(), known.unwrap_or(u32::MAX), record_seq);
-        let failed = self.failed.clone();
         let record = ProducerRecord {
             topic: self.topic.clone(),
             partition,
             key,
             value,
             headers: Vec::new(),
-            timestamp_ms: None,
+            timestamp_ms: Some(self.wall_ms_at_mono_zero + (intended_ns / 1_000_000) as i64),
         };
-        let producer = self.producer.clone();
+        let producer = &self.producer;
         async move {
             let delivery = producer.send(record).await.context("send")?;
-            let ack: BoxAck = Box::pin(async move {
-                if let Err(e) = delivery.await {
-                    failed.lock().expect("failed-send list lock").push(id);
-                    return Err(e).context("delivery");
-                }
-                Ok(())
-            });
-            Ok((ack, bytes))
+            Ok((ClientAck { delivery, id }, bytes))
         }
     }
 }

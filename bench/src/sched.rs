@@ -11,15 +11,19 @@
 //! **Closed loop**: the intended time is "now" at each send; the producer sends
 //! as fast as the client's back-pressure allows.
 //!
-//! Acknowledgements are awaited by a separate collector task so that the
-//! completion instant is taken when the ack arrives, even while the sending
-//! loop is blocked on back-pressure.
+//! Every message's latency is recorded (no sampling), at the cost of a queue
+//! entry and a poll: an ack carries the instant it arrived (the client takes
+//! it when the broker's answer is read), so the loop takes acks in send
+//! order whenever it gets round to them, in its own task, and a sending loop
+//! blocked on back-pressure still measures each ack at its arrival.
 
 use crate::hist::LatencyHist;
-use futures_util::stream::{FuturesUnordered, StreamExt};
+use std::collections::VecDeque;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 /// Nanoseconds of `CLOCK_MONOTONIC`: the same clock for every process on the
@@ -120,22 +124,13 @@ impl Counters {
         self.start
     }
 
-    fn slot(&self, at: Instant) -> usize {
+    #[must_use]
+    pub fn slot(&self, at: Instant) -> usize {
         (at.saturating_duration_since(self.start).as_secs() as usize).min(SERIES_SECONDS_MAX - 1)
     }
 
     pub fn add(series: &[AtomicU64], slot: usize, n: u64) {
         series[slot].fetch_add(n, Ordering::Relaxed);
-    }
-
-    pub fn on_sent(&self, bytes: u64) {
-        let s = self.slot(Instant::now());
-        Self::add(&self.sent_msgs, s, 1);
-        Self::add(&self.sent_bytes, s, bytes);
-    }
-
-    pub fn on_acked(&self, at: Instant) {
-        Self::add(&self.acked_msgs, self.slot(at), 1);
     }
 
     pub fn on_received(&self, msgs: u64, bytes: u64) {
@@ -158,15 +153,26 @@ impl Counters {
 }
 
 /// What the sending loop needs from a producer. `send` may wait for buffer
-/// space (back-pressure); the returned future resolves on acknowledgement.
+/// space (back-pressure); the returned ack resolves to the instant the
+/// message was acknowledged.
+///
+/// An ack must be **eager**: its instant is when the acknowledgement
+/// happened, however late the loop gets round to polling it (the client's
+/// [`shardlog_client::RecordMetadata::acknowledged_at`]). The loop polls
+/// acks in send order, only the oldest ones, and never waits on one while
+/// it can send, so per-record latency costs one queue entry and a poll.
 pub trait Sender: Send {
-    type Ack: Future<Output = anyhow::Result<()>> + Send + 'static;
+    type Ack: Future<Output = Result<Instant, Self::Failure>> + Unpin + Send;
+    /// What a failed ack says; [`Sender::failed`] turns it into the error.
+    type Failure;
     /// Sends message `seq` whose payload carries `intended_ns`.
     fn send(
         &mut self,
         seq: u64,
         intended_ns: u64,
     ) -> impl Future<Output = anyhow::Result<(Self::Ack, u64)>> + Send;
+    /// Notes a message whose ack failed (for the order check) and says why.
+    fn failed(&mut self, failure: Self::Failure) -> anyhow::Error;
 }
 
 /// Settings of one producer loop.
@@ -179,7 +185,7 @@ pub struct LoopConfig {
     pub stop_at: Instant,
     /// Upper bound on messages to send (backlog phases); `u64::MAX` for none.
     pub msgs_max: u64,
-    /// Acks awaited concurrently by the collector before the loop waits.
+    /// Acks pending at once before the loop waits for the oldest.
     pub outstanding_max: usize,
 }
 
@@ -191,8 +197,8 @@ pub struct LoopResult {
     pub publish: LatencyHist,
 }
 
-/// Runs one producer: paces sends by `cfg.schedule`, hands each ack to a
-/// collector task that records `ack instant - intended instant`.
+/// Runs one producer: paces sends by `cfg.schedule` and records, for every
+/// message, `ack instant - intended instant` (no sampling).
 pub async fn run_producer<S: Sender>(
     mut sender: S,
     cfg: LoopConfig,
@@ -200,9 +206,10 @@ pub async fn run_producer<S: Sender>(
     counters: Arc<Counters>,
     abort: Arc<AtomicBool>,
 ) -> anyhow::Result<LoopResult> {
-    let (tx, rx) = tokio::sync::mpsc::channel::<(Instant, S::Ack)>(cfg.outstanding_max.max(1));
-    let collector = tokio::spawn(collect_acks(rx, cfg.measure_from, counters.clone()));
+    let mut acks = Pending::<S>::new(cfg.measure_from, counters.clone());
+    let mut sent = LocalSeries::default();
     let mut seq = 0u64;
+    let open_loop = matches!(cfg.schedule, Schedule::OpenLoop { .. });
     while seq < cfg.msgs_max && !abort.load(Ordering::Relaxed) {
         let intended = match cfg.schedule.intended(seq) {
             Some(at) => {
@@ -221,59 +228,152 @@ pub async fn run_producer<S: Sender>(
             }
         };
         let (ack, bytes) = sender.send(seq, clock.ns(intended)).await?;
-        counters.on_sent(bytes);
-        if tx.send((intended, ack)).await.is_err() {
-            break;
+        // Closed loop: `intended` was read just before the send.
+        let sent_at = if open_loop { Instant::now() } else { intended };
+        sent.add(&counters, counters.slot(sent_at), bytes);
+        acks.push(intended, ack);
+        if acks.len() >= cfg.outstanding_max.max(1) {
+            acks.wait_oldest(&mut sender).await;
+        } else if seq.is_multiple_of(TAKE_READY_EVERY) {
+            acks.take_ready(&mut sender);
         }
         seq += 1;
     }
-    drop(tx);
-    let (acked, errors, publish) = collector.await?;
+    sent.flush(&counters);
+    while !acks.is_empty() {
+        acks.wait_oldest(&mut sender).await;
+    }
+    let (acked, errors, publish) = acks.finish();
     Ok(LoopResult { sent: seq, acked, errors, publish })
 }
 
-async fn collect_acks<A>(
-    mut rx: tokio::sync::mpsc::Receiver<(Instant, A)>,
+/// Sends between two looks at the oldest acks: a look at one still pending
+/// costs a poll (a lock in the client), and the acks of a batch resolve
+/// together, so looking after every send buys nothing.
+const TAKE_READY_EVERY: u64 = 32;
+
+/// A loop's sent messages and bytes of the current second, added to the
+/// shared series when the second changes (not per message).
+#[derive(Default)]
+struct LocalSeries {
+    slot: usize,
+    msgs: u64,
+    bytes: u64,
+}
+
+impl LocalSeries {
+    fn add(&mut self, counters: &Counters, slot: usize, bytes: u64) {
+        if slot != self.slot {
+            self.flush(counters);
+            self.slot = slot;
+        }
+        self.msgs += 1;
+        self.bytes += bytes;
+    }
+
+    fn flush(&mut self, counters: &Counters) {
+        if self.msgs > 0 {
+            Counters::add(&counters.sent_msgs, self.slot, self.msgs);
+            Counters::add(&counters.sent_bytes, self.slot, self.bytes);
+        }
+        (self.msgs, self.bytes) = (0, 0);
+    }
+}
+
+/// Acks not yet taken, oldest first, with what the taken ones showed.
+struct Pending<S: Sender> {
+    queue: VecDeque<(Instant, S::Ack)>,
     measure_from: Instant,
     counters: Arc<Counters>,
-) -> (u64, u64, LatencyHist)
-where
-    A: Future<Output = anyhow::Result<()>> + Send + 'static,
-{
-    let mut hist = LatencyHist::new();
-    let mut pending = FuturesUnordered::new();
-    let (mut acked, mut errors) = (0u64, 0u64);
-    let mut open = true;
-    let mut first_error: Option<String> = None;
-    while open || !pending.is_empty() {
-        tokio::select! {
-            msg = rx.recv(), if open => match msg {
-                Some((intended, ack)) => pending.push(async move {
-                    let r = ack.await;
-                    (intended, Instant::now(), r)
-                }),
-                None => open = false,
-            },
-            Some((intended, done, r)) = pending.next(), if !pending.is_empty() => match r {
-                Ok(()) => {
-                    acked += 1;
-                    counters.on_acked(done);
-                    if intended >= measure_from {
-                        hist.record_ns(done.saturating_duration_since(intended).as_nanos() as u64);
-                    }
-                }
-                Err(e) => {
-                    errors += 1;
-                    counters.errors.fetch_add(1, Ordering::Relaxed);
-                    first_error.get_or_insert_with(|| format!("{e:#}"));
-                }
-            },
+    acked_slot: usize,
+    acked_in_slot: u64,
+    hist: LatencyHist,
+    acked: u64,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl<S: Sender> Pending<S> {
+    fn new(measure_from: Instant, counters: Arc<Counters>) -> Self {
+        Pending {
+            queue: VecDeque::new(),
+            measure_from,
+            counters,
+            acked_slot: 0,
+            acked_in_slot: 0,
+            hist: LatencyHist::new(),
+            acked: 0,
+            errors: 0,
+            first_error: None,
         }
     }
-    if let Some(e) = first_error {
-        eprintln!("shardlog-bench: {errors} sends failed; first error: {e}");
+
+    fn len(&self) -> usize {
+        self.queue.len()
     }
-    (acked, errors, hist)
+
+    fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    fn push(&mut self, intended: Instant, ack: S::Ack) {
+        self.queue.push_back((intended, ack));
+    }
+
+    /// Takes the oldest acks that have resolved, up to the first that has not.
+    fn take_ready(&mut self, sender: &mut S) {
+        let mut cx = Context::from_waker(Waker::noop());
+        while let Some((_, ack)) = self.queue.front_mut() {
+            let Poll::Ready(r) = Pin::new(ack).poll(&mut cx) else { break };
+            let (intended, _) = self.queue.pop_front().expect("a front entry");
+            self.take(intended, r.map_err(|f| sender.failed(f)));
+        }
+    }
+
+    /// Waits for the oldest ack, then takes every resolved one after it.
+    async fn wait_oldest(&mut self, sender: &mut S) {
+        let Some((intended, ack)) = self.queue.pop_front() else { return };
+        let r = ack.await;
+        self.take(intended, r.map_err(|f| sender.failed(f)));
+        self.take_ready(sender);
+    }
+
+    fn take(&mut self, intended: Instant, r: anyhow::Result<Instant>) {
+        match r {
+            Ok(done) => {
+                self.acked += 1;
+                let slot = self.counters.slot(done);
+                if slot != self.acked_slot {
+                    self.flush_acked();
+                    self.acked_slot = slot;
+                }
+                self.acked_in_slot += 1;
+                if intended >= self.measure_from {
+                    self.hist.record_ns(done.saturating_duration_since(intended).as_nanos() as u64);
+                }
+            }
+            Err(e) => {
+                self.errors += 1;
+                self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                self.first_error.get_or_insert_with(|| format!("{e:#}"));
+            }
+        }
+    }
+
+    fn flush_acked(&mut self) {
+        if self.acked_in_slot > 0 {
+            Counters::add(&self.counters.acked_msgs, self.acked_slot, self.acked_in_slot);
+            self.acked_in_slot = 0;
+        }
+    }
+
+    fn finish(mut self) -> (u64, u64, LatencyHist) {
+        self.flush_acked();
+        if let Some(e) = &self.first_error {
+            eprintln!("shardlog-bench: {} sends failed; first error: {e}", self.errors);
+        }
+        (self.acked, self.errors, self.hist)
+    }
 }
 
 #[cfg(test)]
@@ -290,7 +390,11 @@ mod tests {
     }
 
     impl Sender for FakeSender {
-        type Ack = std::pin::Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
+        type Ack = std::pin::Pin<Box<dyn Future<Output = Result<Instant, ()>> + Send>>;
+        type Failure = ();
+        fn failed(&mut self, (): ()) -> anyhow::Error {
+            anyhow::anyhow!("the fake ack failed")
+        }
         fn send(
             &mut self,
             seq: u64,
@@ -302,9 +406,12 @@ mod tests {
                 if !stall.is_zero() {
                     tokio::time::sleep(stall).await;
                 }
+                // Eager, as a client's ack is: it completes `service` after
+                // the send whenever it is polled.
+                let done = Instant::now() + service;
                 let ack: Self::Ack = Box::pin(async move {
-                    tokio::time::sleep(service).await;
-                    Ok(())
+                    tokio::time::sleep_until(done.into()).await;
+                    Ok(done)
                 });
                 Ok((ack, 100))
             }

@@ -304,7 +304,8 @@ fn spawn_producer(
             if stop.load(Ordering::Relaxed) {
                 break;
             }
-            let record = ProducerRecord::new(&topic, b(&format!("r{i}"))).with_partition(i % partitions);
+            let record =
+                ProducerRecord::new(topic.as_str(), b(&format!("r{i}"))).with_partition(i % partitions);
             let meta = producer.send_and_wait(record).await.expect("acknowledged");
             acked.push((meta.partition, meta.offset));
             if i % partitions == partitions - 1 {

@@ -254,7 +254,7 @@ impl Core {
     ) -> Option<Result<DeliveryFuture, ClientError>> {
         let mut guard = self.lock();
         let state = &mut *guard;
-        let topic = state.topics.get_mut(record.topic.as_str())?;
+        let topic = state.topics.get_mut(&*record.topic)?;
         let count = topic.partitions.len() as u32;
         let partition = match (record.partition, &self.partitioner, &record.key) {
             (Some(p), _, _) => p,
@@ -263,7 +263,7 @@ impl Core {
             (None, None, None) => topic.sticky,
         };
         if partition >= count {
-            return Some(Err(ClientError::UnknownPartition { topic: record.topic.clone(), partition }));
+            return Some(Err(ClientError::UnknownPartition { topic: record.topic.to_string(), partition }));
         }
         // Fast path, one map lookup per record: the partition has an open
         // batch with room for this record.

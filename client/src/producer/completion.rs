@@ -17,13 +17,16 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll, Waker};
+use std::time::Instant;
 
 /// Where a whole batch landed: the base offset (-1 when unknown, with
-/// `Acks::None`) and the broker's append time (-1 with create-time topics).
+/// `Acks::None`), the broker's append time (-1 with create-time topics) and
+/// when this client took the answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Landed {
     pub base_offset: i64,
     pub append_time_ms: i64,
+    pub acknowledged_at: Instant,
 }
 
 /// The outcome of one batch and the futures waiting for it.
@@ -143,6 +146,7 @@ impl Future for DeliveryFuture {
                             l.base_offset as u64 + u64::from(*index)
                         },
                         timestamp_ms: if l.append_time_ms >= 0 { l.append_time_ms } else { *timestamp_ms },
+                        acknowledged_at: l.acknowledged_at,
                     }),
                     Err(e) => Err(e.clone()),
                 })
@@ -181,13 +185,15 @@ mod tests {
             assert!(poll(f, &waker).is_pending());
         }
         assert_eq!(c.0.wakers.lock().expect("lock").len(), 5);
-        c.complete(Ok(Landed { base_offset: 40, append_time_ms: -1 }));
+        let acked = Instant::now();
+        c.complete(Ok(Landed { base_offset: 40, append_time_ms: -1, acknowledged_at: acked }));
         assert_eq!(counter.0.load(Ordering::SeqCst), 5, "every waiting future woken once");
         for (i, f) in futures.iter_mut().enumerate() {
             let Poll::Ready(Ok(md)) = poll(f, &waker) else { panic!("record {i} not resolved") };
             assert_eq!((&*md.topic, md.partition), ("t", 3));
             assert_eq!(md.offset, 40 + i as u64);
             assert_eq!(md.timestamp_ms, 100 + i as i64, "create time kept");
+            assert_eq!(md.acknowledged_at, acked, "the batch's acknowledgement instant");
         }
         // A future created and first polled after completion resolves at once.
         let mut late = c.future(5, 0);
@@ -199,7 +205,7 @@ mod tests {
     fn append_time_and_unknown_offsets() {
         let c = Completion::new(Arc::from("t"), 0);
         let mut f = c.future(2, 7);
-        c.complete(Ok(Landed { base_offset: -1, append_time_ms: 999 }));
+        c.complete(Ok(Landed { base_offset: -1, append_time_ms: 999, acknowledged_at: Instant::now() }));
         let Poll::Ready(Ok(md)) = poll(&mut f, Waker::noop()) else { panic!("resolved") };
         assert_eq!((md.offset, md.timestamp_ms), (OFFSET_UNKNOWN, 999));
     }
@@ -209,7 +215,7 @@ mod tests {
         let c = Completion::new(Arc::from("t"), 0);
         let mut futures: Vec<_> = (0..3).map(|i| c.future(i, 0)).collect();
         c.complete(Err(ClientError::Timeout));
-        c.complete(Ok(Landed { base_offset: 0, append_time_ms: -1 }));
+        c.complete(Ok(Landed { base_offset: 0, append_time_ms: -1, acknowledged_at: Instant::now() }));
         for f in &mut futures {
             assert!(matches!(poll(f, Waker::noop()), Poll::Ready(Err(ClientError::Timeout))));
         }

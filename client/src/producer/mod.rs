@@ -71,7 +71,8 @@ const RECORD_OVERHEAD_BYTES: usize = 32;
 /// A record to send.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProducerRecord {
-    pub topic: String,
+    /// Shared: a clone per record costs a reference count, not a copy.
+    pub topic: Arc<str>,
     /// `None`: chosen by the partitioner.
     pub partition: Option<u32>,
     pub key: Option<Bytes>,
@@ -82,7 +83,7 @@ pub struct ProducerRecord {
 }
 
 impl ProducerRecord {
-    pub fn new(topic: impl Into<String>, value: impl Into<Bytes>) -> Self {
+    pub fn new(topic: impl Into<Arc<str>>, value: impl Into<Bytes>) -> Self {
         ProducerRecord {
             topic: topic.into(),
             partition: None,
@@ -136,6 +137,11 @@ pub struct RecordMetadata {
     /// [`OFFSET_UNKNOWN`] with `Acks::None`.
     pub offset: u64,
     pub timestamp_ms: i64,
+    /// When this client took the broker's acknowledgement of the record's
+    /// batch (with `Acks::None`: when its request was written). A record's
+    /// publish latency is this minus the instant of its `send`, whenever
+    /// the application gets round to awaiting the delivery.
+    pub acknowledged_at: std::time::Instant,
 }
 
 /// Shared by every clone of one producer; dropping the last one sends what

@@ -94,8 +94,12 @@ impl SealedBatch {
                 core.give_back_sequences(&self.topic, self.partition, numbering, self.record_count);
             }
         }
-        self.completion
-            .complete(outcome.map(|(base_offset, append_time_ms)| Landed { base_offset, append_time_ms }));
+        let acknowledged_at = std::time::Instant::now();
+        self.completion.complete(outcome.map(|(base_offset, append_time_ms)| Landed {
+            base_offset,
+            append_time_ms,
+            acknowledged_at,
+        }));
         core.ctx.buffer.add_permits(self.buffer_bytes);
         core.batch_done(self.id, &self.topic, self.partition);
     }
