@@ -10,31 +10,12 @@ use shardlog_broker::config::FlushPolicy;
 use shardlog_broker::log::{AppendInfo, Log, LogError};
 use std::future::Future;
 use std::pin::Pin;
-use std::task::Poll;
 
 type AppendFuture<'a> = Pin<Box<dyn Future<Output = Result<AppendInfo, LogError>> + 'a>>;
 
-/// Polls every future in index order until all are done (like `join_all`).
-async fn join_in_order<'a>(mut futures: Vec<AppendFuture<'a>>) -> Vec<AppendInfo> {
-    let mut out: Vec<Option<AppendInfo>> = futures.iter().map(|_| None).collect();
-    futures_lite::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, slot) in futures.iter_mut().zip(out.iter_mut()) {
-            if slot.is_none() {
-                match f.as_mut().poll(cx) {
-                    Poll::Ready(r) => *slot = Some(r.expect("append")),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().map(|r| r.expect("every append finished")).collect()
+/// Polls every future until all are done; the appends' outcomes in order.
+async fn join_in_order(futures: Vec<AppendFuture<'_>>) -> Vec<AppendInfo> {
+    shardlog_broker::shard::join_all(futures).await.into_iter().map(|r| r.expect("append")).collect()
 }
 
 /// An append of `batches` batches of `records` records of `value_bytes`,

@@ -531,7 +531,7 @@ impl Consumer {
         if outcome.last {
             self.tasks.remove(&outcome.addr);
         }
-        let mut current = Vec::with_capacity(outcome.sent.len());
+        let mut current = std::collections::HashSet::with_capacity(outcome.sent.len());
         let mut diverged = false;
         for (t, p, generation, offset) in &outcome.sent {
             if let Some(s) = self.parts.get(&(t.clone(), *p)) {
@@ -539,7 +539,7 @@ impl Consumer {
                 // stale); one fetched from another offset means the task's
                 // idea of the position went astray: restart it.
                 if s.generation == *generation && s.position == *offset {
-                    current.push((t.clone(), *p));
+                    current.insert((t.clone(), *p));
                 } else if s.generation == *generation {
                     diverged = true;
                 }
@@ -617,8 +617,8 @@ impl FetchLoop {
                 tokio::time::sleep(Duration::from_millis(self.cluster.config.retry_backoff_ms)).await;
             }
             let sent = self.sent.clone();
-            let advanced = result.as_ref().is_ok_and(|rs| advance(&mut self.targets, rs));
-            let last = !advanced || self.stop.load(Ordering::Relaxed);
+            let had_data = result.as_ref().ok().and_then(|rs| advance(&mut self.targets, rs));
+            let last = had_data.is_none() || self.stop.load(Ordering::Relaxed);
             let outcome =
                 FetchOutcome { addr: self.addr.clone(), task: self.id, sent, result, last, _slot: slot };
             if self.tx.send(outcome).is_err() || last {
@@ -627,22 +627,53 @@ impl FetchLoop {
             for (s, t) in self.sent.iter_mut().zip(&self.targets) {
                 s.3 = t.offset;
             }
+            if let Some(had_data) = had_data {
+                rotate_fetched(&mut self.targets, &mut self.sent, &had_data);
+            }
         }
     }
 }
 
 /// Moves each target past the whole batches of its answer; `false` when a
-/// partition answered with an error (the task then stops).
-fn advance(targets: &mut [FetchTarget], results: &[FetchResult]) -> bool {
-    for r in results {
+/// partition answered with an error (the task then stops). Returns, per
+/// target, whether its answer carried data. The broker answers in request
+/// order, so answer `i` is looked for at target `i` first.
+fn advance(targets: &mut [FetchTarget], results: &[FetchResult]) -> Option<Vec<bool>> {
+    let mut had_data = vec![false; targets.len()];
+    for (i, r) in results.iter().enumerate() {
         if r.error != ErrorCode::None {
-            return false;
+            return None;
         }
-        if let Some(t) = targets.iter_mut().find(|t| t.partition == r.partition && t.topic == r.topic) {
-            t.offset = next_position(t.offset, &r.data);
+        let is = |t: &FetchTarget| t.partition == r.partition && t.topic == r.topic;
+        let at = if targets.get(i).is_some_and(is) { Some(i) } else { targets.iter().position(is) };
+        if let Some(at) = at {
+            let t = &mut targets[at];
+            let next = next_position(t.offset, &r.data);
+            had_data[at] = next > t.offset;
+            t.offset = next;
         }
     }
-    true
+    Some(had_data)
+}
+
+/// Puts the partitions that just returned data behind the others, each
+/// group in its order (Kafka's fetch-order rotation, KIP-74). The broker
+/// fills a fetch's byte budget in request order, so without this the
+/// partitions at the front would take the budget every time and those at
+/// the back starve; with it, every partition with data is read within a
+/// few fetches however many share the budget. `sent` stays aligned.
+fn rotate_fetched(targets: &mut Vec<FetchTarget>, sent: &mut Vec<Sent>, had_data: &[bool]) {
+    if !had_data.iter().any(|&d| d) || had_data.iter().all(|&d| d) {
+        return;
+    }
+    let mut order: Vec<usize> = (0..targets.len()).filter(|&i| !had_data[i]).collect();
+    order.extend((0..targets.len()).filter(|&i| had_data[i]));
+    let mut old_targets: Vec<Option<FetchTarget>> = std::mem::take(targets).into_iter().map(Some).collect();
+    let mut old_sent: Vec<Option<Sent>> = std::mem::take(sent).into_iter().map(Some).collect();
+    for i in order {
+        targets.push(old_targets[i].take().expect("each index once"));
+        sent.push(old_sent[i].take().expect("each index once"));
+    }
 }
 
 /// The position after the whole batches in `data`, from their headers alone
@@ -748,6 +779,45 @@ pub(crate) fn decode_records(
 mod tests {
     use super::*;
     use shardlog_schema::batch::{stamp, BatchBuilder};
+
+    fn target(p: u32, offset: u64) -> FetchTarget {
+        FetchTarget { topic: "t".into(), partition: p, offset, max_bytes: 1 << 20 }
+    }
+
+    fn answer(p: u32, data: Vec<u8>) -> FetchResult {
+        FetchResult {
+            topic: "t".into(),
+            partition: p,
+            error: ErrorCode::None,
+            message: None,
+            high_watermark: 100,
+            log_start_offset: 0,
+            data: Bytes::from(data),
+        }
+    }
+
+    /// Partitions that returned data go behind the others, so a byte budget
+    /// filled in request order reaches every partition in turn.
+    #[test]
+    fn partitions_that_returned_data_move_to_the_back() {
+        let mut targets: Vec<FetchTarget> = (0..5).map(|p| target(p, 10)).collect();
+        let mut sent: Vec<Sent> = (0..5).map(|p| (Arc::from("t"), p, 0, 10)).collect();
+        // Answers in another order than asked: matched by name, not place.
+        let results =
+            vec![answer(3, batch(10, &["a"])), answer(1, batch(10, &["a", "b"])), answer(0, vec![])];
+        let had = advance(&mut targets, &results).expect("no error");
+        assert_eq!(had, [false, true, false, true, false]);
+        assert_eq!((targets[1].offset, targets[3].offset, targets[0].offset), (12, 11, 10));
+        rotate_fetched(&mut targets, &mut sent, &had);
+        let order: Vec<u32> = targets.iter().map(|t| t.partition).collect();
+        assert_eq!(order, [0, 2, 4, 1, 3]);
+        let sent_order: Vec<u32> = sent.iter().map(|s| s.1).collect();
+        assert_eq!(sent_order, order, "sent stays aligned with targets");
+        // An error stops the task.
+        let mut failed = answer(2, vec![]);
+        failed.error = ErrorCode::NotLeaderOrFollower;
+        assert!(advance(&mut targets, &[failed]).is_none());
+    }
 
     fn batch(base: u64, values: &[&str]) -> Vec<u8> {
         let mut b = BatchBuilder::with_capacity(256);

@@ -366,18 +366,32 @@ impl ShardContext {
     ) -> Result<(), TopicOpError> {
         let name: Rc<str> = Rc::from(meta.name.as_str());
         let mut slots: Vec<Option<Rc<Partition>>> = vec![None; meta.partitions as usize];
-        for p in 0..meta.partitions {
-            if self.owner(&meta.name, p) != self.id || !here(p) {
-                continue;
-            }
-            match self.open_partition(&meta, name.clone(), p).await {
-                Ok(part) => slots[p as usize] = Some(part),
-                Err(source) => {
-                    if created {
-                        self.undo_partitions(&meta.name, p, slots).await;
+        let mine: Vec<u32> =
+            (0..meta.partitions).filter(|&p| self.owner(&meta.name, p) == self.id && here(p)).collect();
+        // Partitions open a wave at a time: a new log's open is mostly
+        // waiting on small durable writes (metadata file, directory fsyncs),
+        // which overlap, so a topic of many partitions is created (and a
+        // broker with many starts) in a fraction of the one-by-one time.
+        for wave in mine.chunks(OPEN_PARTITIONS_AT_ONCE) {
+            let opens = wave.iter().map(|&p| self.open_partition(&meta, name.clone(), p));
+            let results = join_all(opens.collect()).await;
+            let mut failed = None;
+            for (&p, result) in wave.iter().zip(results) {
+                match result {
+                    Ok(part) => slots[p as usize] = Some(part),
+                    Err(source) => {
+                        if created {
+                            self.remove_partition_dir(&meta.name, p).await;
+                        }
+                        failed.get_or_insert((p, source));
                     }
-                    return Err(TopicOpError::OpenPartition { topic: meta.name, partition: p, source });
                 }
+            }
+            if let Some((partition, source)) = failed {
+                if created {
+                    self.undo_partitions(&meta.name, slots).await;
+                }
+                return Err(TopicOpError::OpenPartition { topic: meta.name, partition, source });
             }
         }
         self.partitions.borrow_mut().insert(name, slots);
@@ -401,23 +415,27 @@ impl ShardContext {
         Ok(Rc::new(part))
     }
 
-    /// Leaves nothing of a topic creation that failed at partition `failed`:
-    /// deletes the logs this shard opened and the failed one's directory
-    /// (its open may have made the directory and metadata file).
-    async fn undo_partitions(&self, topic: &str, failed: u32, opened: Vec<Option<Rc<Partition>>>) {
+    /// Leaves nothing of a failed topic creation: deletes the logs this
+    /// shard opened.
+    async fn undo_partitions(&self, topic: &str, opened: Vec<Option<Rc<Partition>>>) {
         for part in opened.into_iter().flatten() {
             if let Err(e) = part.log.delete().await {
                 tracing::warn!(topic, partition = part.id, error = %e, "cannot clean up");
             }
         }
-        let dir = partition_dir(&self.config.data_dir, topic, failed);
+    }
+
+    /// Removes the directory of a partition whose open failed (the open may
+    /// have made the directory and metadata file).
+    async fn remove_partition_dir(&self, topic: &str, partition: u32) {
+        let dir = partition_dir(&self.config.data_dir, topic, partition);
         // glommio has no rmdir: remove on its blocking thread pool.
         let removing = dir.clone();
         match glommio::executor().spawn_blocking(move || std::fs::remove_dir_all(removing)).await {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
-                tracing::warn!(topic, partition = failed, dir = %dir.display(), error = %e, "cannot clean up")
+                tracing::warn!(topic, partition, dir = %dir.display(), error = %e, "cannot clean up")
             }
         }
     }
@@ -745,4 +763,33 @@ impl ShardContext {
         }
         first_error.map_or(Ok(()), Err)
     }
+}
+
+/// Partitions a shard opens at once when it applies a topic.
+const OPEN_PARTITIONS_AT_ONCE: usize = 64;
+
+/// Runs `futures` concurrently on the calling task; their outputs in order.
+/// Each wake polls every unfinished one, so keep the set small (a wave).
+pub async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    use std::task::Poll;
+    let mut futures: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    futures_lite::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, out) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if out.is_none() {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(v) => *out = Some(v),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().map(|o| o.expect("every future ran to completion")).collect()
 }
