@@ -86,8 +86,8 @@ impl Default for ConsumerTuning {
         ConsumerTuning {
             fetch_max_wait_ms: 100,
             fetch_min_bytes: 1,
-            fetch_max_bytes: 8 << 20,
-            partition_max_bytes: 1 << 20,
+            fetch_max_bytes: 16 << 20,
+            partition_max_bytes: 8 << 20,
         }
     }
 }

@@ -181,7 +181,12 @@ pub struct ConsumerConfig {
     pub fetch_min_bytes: u32,
     /// Bytes one fetch response may carry over all its partitions.
     pub fetch_max_bytes: u32,
-    /// Bytes one fetch response may carry for one partition.
+    /// Bytes one fetch response may carry for one partition. 8 MiB by
+    /// default, not Kafka's 1 MiB: with one fetch in flight per broker and
+    /// two answers kept ahead, 1 MiB per round trip let a consumer of one
+    /// 1 KB partition read only 24 % of what one producer wrote on the
+    /// 2-core machine of `perf-reports/` (8 MiB: 99.8 %, e2e p99 72 ms
+    /// against 9.5 s). `fetch_max_bytes` still bounds a whole answer.
     pub partition_max_bytes: u32,
     pub offset_reset: OffsetReset,
     /// Set to consume as a member of a consumer group (`Consumer::subscribe`);
@@ -197,7 +202,7 @@ impl Default for ConsumerConfig {
             fetch_max_wait_ms: 500,
             fetch_min_bytes: 1,
             fetch_max_bytes: 50 << 20,
-            partition_max_bytes: 1 << 20,
+            partition_max_bytes: 8 << 20,
             offset_reset: OffsetReset::Earliest,
             group: None,
         }
