@@ -77,6 +77,14 @@ impl<'a> CheckedBatches<'a> {
     }
 }
 
+/// One append carries at most [`super::APPEND_BYTES_MAX`].
+pub(super) fn check_append_bytes(bytes: usize) -> Result<(), super::LogError> {
+    if bytes > super::APPEND_BYTES_MAX {
+        return Err(super::LogError::BatchTooLarge { bytes, max: super::APPEND_BYTES_MAX });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

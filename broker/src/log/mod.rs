@@ -74,6 +74,7 @@ mod notify;
 pub mod producers;
 mod segment;
 
+use checked::check_append_bytes;
 pub use checked::{CheckError, CheckedBatches};
 pub use compact::CompactOutcome;
 pub use epochs::LeaderEpochs;
@@ -773,14 +774,6 @@ fn check_replica_offsets(headers: &[BatchHeader], end: u64) -> Result<(), LogErr
             });
         }
         expected = h.checked_next_offset().ok_or(LogError::InvalidBatch(batch::BatchError::Empty))?;
-    }
-    Ok(())
-}
-
-/// One append carries at most [`APPEND_BYTES_MAX`].
-fn check_append_bytes(bytes: usize) -> Result<(), LogError> {
-    if bytes > APPEND_BYTES_MAX {
-        return Err(LogError::BatchTooLarge { bytes, max: APPEND_BYTES_MAX });
     }
     Ok(())
 }
