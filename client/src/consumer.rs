@@ -666,13 +666,11 @@ fn rotate_fetched(targets: &mut Vec<FetchTarget>, sent: &mut Vec<Sent>, had_data
     if !had_data.iter().any(|&d| d) || had_data.iter().all(|&d| d) {
         return;
     }
-    let mut order: Vec<usize> = (0..targets.len()).filter(|&i| !had_data[i]).collect();
-    order.extend((0..targets.len()).filter(|&i| had_data[i]));
-    let mut old_targets: Vec<Option<FetchTarget>> = std::mem::take(targets).into_iter().map(Some).collect();
-    let mut old_sent: Vec<Option<Sent>> = std::mem::take(sent).into_iter().map(Some).collect();
-    for i in order {
-        targets.push(old_targets[i].take().expect("each index once"));
-        sent.push(old_sent[i].take().expect("each index once"));
+    let (idle, fetched): (Vec<_>, Vec<_>) =
+        targets.drain(..).zip(sent.drain(..)).zip(had_data).partition(|(_, &data)| !data);
+    for ((t, s), _) in idle.into_iter().chain(fetched) {
+        targets.push(t);
+        sent.push(s);
     }
 }
 
