@@ -25,8 +25,10 @@
 //! broker stamps (base offset, leader epoch) sit before it, so stamping never
 //! recomputes the CRC.
 
+use crate::record_set::RecordSetWriter;
 use crate::wire;
-use flatbuffers::{FlatBufferBuilder, InvalidFlatbuffer, WIPOffset};
+use bytes::Bytes;
+use flatbuffers::{FlatBufferBuilder, InvalidFlatbuffer};
 
 /// Size of the fixed batch header.
 pub const BATCH_HEADER_BYTES: usize = 61;
@@ -432,10 +434,11 @@ pub fn with_base_sequence(batch: &[u8], base_sequence: i32) -> Vec<u8> {
 }
 
 /// Builds one batch from records. The batch is built with base offset 0; the
-/// broker stamps the real one.
-pub struct BatchBuilder<'fbb> {
-    fbb: FlatBufferBuilder<'fbb>,
-    records: Vec<WIPOffset<wire::Record<'fbb>>>,
+/// broker stamps the real one. The record set is written by
+/// [`RecordSetWriter`](crate::record_set) (see there why not by
+/// `FlatBufferBuilder`).
+pub struct BatchBuilder {
+    records: RecordSetWriter,
     first_timestamp: i64,
     max_timestamp: i64,
     /// Producer id, epoch and base sequence (-1, -1, -1: not idempotent).
@@ -447,12 +450,11 @@ pub struct BatchBuilder<'fbb> {
 /// A record header as given to the builder.
 pub type HeaderRef<'a> = (&'a str, &'a [u8]);
 
-impl<'fbb> BatchBuilder<'fbb> {
+impl BatchBuilder {
     #[must_use]
     pub fn with_capacity(bytes: usize) -> Self {
         BatchBuilder {
-            fbb: FlatBufferBuilder::with_capacity(bytes),
-            records: Vec::new(),
+            records: RecordSetWriter::with_capacity(bytes),
             first_timestamp: 0,
             max_timestamp: i64::MIN,
             producer: (-1, -1, -1),
@@ -497,35 +499,8 @@ impl<'fbb> BatchBuilder<'fbb> {
             self.first_timestamp = timestamp_ms;
         }
         self.max_timestamp = self.max_timestamp.max(timestamp_ms);
-        let key = key.map(|k| self.fbb.create_vector(k));
-        let value = value.map(|v| self.fbb.create_vector(v));
-        let headers = if headers.is_empty() {
-            None
-        } else {
-            let hs: Vec<_> = headers
-                .iter()
-                .map(|(k, v)| {
-                    let key = self.fbb.create_string(k);
-                    let value = self.fbb.create_vector(v);
-                    wire::RecordHeader::create(
-                        &mut self.fbb,
-                        &wire::RecordHeaderArgs { key: Some(key), value: Some(value) },
-                    )
-                })
-                .collect();
-            Some(self.fbb.create_vector(&hs))
-        };
-        let record = wire::Record::create(
-            &mut self.fbb,
-            &wire::RecordArgs {
-                offset_delta: self.records.len() as u32,
-                timestamp_delta: timestamp_ms - self.first_timestamp,
-                key,
-                value,
-                headers,
-            },
-        );
-        self.records.push(record);
+        let offset_delta = u32::try_from(self.records.len()).expect("a batch holds under 2^32 records");
+        self.records.push(offset_delta, timestamp_ms - self.first_timestamp, key, value, headers);
     }
 
     /// Number of records pushed so far.
@@ -542,76 +517,59 @@ impl<'fbb> BatchBuilder<'fbb> {
     /// Bytes the finished batch will take, give or take the vector of offsets.
     #[must_use]
     pub fn estimated_bytes(&self) -> usize {
-        BATCH_HEADER_BYTES + self.fbb.unfinished_data().len() + 4 * self.records.len() + 16
+        BATCH_HEADER_BYTES + self.records.used() + 4 * self.records.len() + 32
     }
 
-    /// Finishes the record set and returns the header the batch will carry
-    /// (CRC still 0) with the record set's bytes.
-    fn finish_records(&mut self) -> BatchHeader {
-        assert!(!self.records.is_empty(), "a batch has at least one record");
-        let records = self.fbb.create_vector(&self.records);
-        let set = wire::RecordSet::create(&mut self.fbb, &wire::RecordSetArgs { records: Some(records) });
-        self.fbb.finish_minimal(set);
-        let total = BATCH_HEADER_BYTES + self.fbb.finished_data().len();
-        BatchHeader {
+    /// Finishes the batch: the header is written in front of the record set
+    /// (no copy of the records), and the whole batch is returned.
+    ///
+    /// # Panics
+    /// When no record was pushed: an empty batch is a caller bug.
+    #[must_use]
+    pub fn finish_bytes(self) -> Bytes {
+        let count = self.records.len();
+        assert!(count > 0, "a batch has at least one record");
+        let header = BatchHeader {
             base_offset: 0,
-            batch_length: (total - BATCH_LENGTH_PREFIX_BYTES) as u32,
+            batch_length: 0,
             leader_epoch: -1,
             magic: BATCH_MAGIC,
             crc: 0,
             attributes: self.attributes,
-            last_offset_delta: (self.records.len() - 1) as u32,
+            last_offset_delta: (count - 1) as u32,
             first_timestamp: self.first_timestamp,
             max_timestamp: self.max_timestamp,
             producer_id: self.producer.0,
             producer_epoch: self.producer.1,
             base_sequence: self.producer.2,
-            record_count: self.records.len() as u32,
-        }
+            record_count: count as u32,
+        };
+        let written = self.records.finish(|set| {
+            let total = BATCH_HEADER_BYTES + set.len();
+            let header = BatchHeader { batch_length: (total - BATCH_LENGTH_PREFIX_BYTES) as u32, ..header };
+            let mut head = [0u8; BATCH_HEADER_BYTES];
+            write_header(&header, &mut head);
+            let crc = crc32c::crc32c_append(crc32c::crc32c(&head[CRC_START..]), set);
+            head[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_le_bytes());
+            head
+        });
+        Bytes::from_owner(written)
     }
 
     /// Finishes the batch into `out` (appended) and returns its header.
     ///
     /// # Panics
     /// When no record was pushed: an empty batch is a caller bug.
-    pub fn finish_into(mut self, out: &mut Vec<u8>) -> BatchHeader {
-        let header = self.finish_records();
-        let start = out.len();
-        out.resize(start + BATCH_HEADER_BYTES, 0);
-        out.extend_from_slice(self.fbb.finished_data());
-        seal_header(header, &mut out[start..])
-    }
-
-    /// Finishes the batch without copying the records when the builder's
-    /// buffer has room for the header in front of the record set (it is
-    /// built back to front, so it usually has). Returns the buffer and where
-    /// the batch starts in it: the batch is `buf[start..]`.
-    ///
-    /// # Panics
-    /// When no record was pushed: an empty batch is a caller bug.
-    #[must_use]
-    pub fn finish_in_place(mut self) -> (Vec<u8>, usize) {
-        let header = self.finish_records();
-        let (mut buf, head) = self.fbb.collapse();
-        let start = if head >= BATCH_HEADER_BYTES {
-            head - BATCH_HEADER_BYTES
-        } else {
-            let mut out = Vec::with_capacity(BATCH_HEADER_BYTES + buf.len() - head);
-            out.resize(BATCH_HEADER_BYTES, 0);
-            out.extend_from_slice(&buf[head..]);
-            buf = out;
-            0
-        };
-        seal_header(header, &mut buf[start..]);
-        (buf, start)
+    pub fn finish_into(self, out: &mut Vec<u8>) -> BatchHeader {
+        let batch = self.finish_bytes();
+        out.extend_from_slice(&batch);
+        BatchHeader::parse(&batch).expect("a batch just built parses")
     }
 
     /// Finishes the batch into a new vector.
     #[must_use]
     pub fn finish(self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.estimated_bytes());
-        self.finish_into(&mut out);
-        out
+        self.finish_bytes().to_vec()
     }
 }
 
@@ -817,9 +775,9 @@ mod tests {
     }
 
     #[test]
-    fn finish_in_place_gives_the_same_bytes_as_finish() {
+    fn finish_bytes_gives_the_same_bytes_as_finish() {
         for (capacity, n) in [(16, 1), (64, 3), (1024, 40), (1 << 16, 500)] {
-            let fill = |b: &mut BatchBuilder<'_>| {
+            let fill = |b: &mut BatchBuilder| {
                 for i in 0..n {
                     b.push(Some(b"k"), format!("value {i}").as_bytes(), &[("h", b"x")], 1000 + i64::from(i));
                 }
@@ -828,9 +786,9 @@ mod tests {
             fill(&mut a);
             let mut b = BatchBuilder::with_capacity(capacity);
             fill(&mut b);
-            let (buf, start) = b.finish_in_place();
-            assert_eq!(&buf[start..], &a.finish()[..], "capacity {capacity}, {n} records");
-            validate_with_records(&buf[start..], 1 << 20).expect("valid");
+            let bytes = b.finish_bytes();
+            assert_eq!(&bytes[..], &a.finish()[..], "capacity {capacity}, {n} records");
+            validate_with_records(&bytes, 1 << 20).expect("valid");
         }
     }
 

@@ -54,7 +54,7 @@ impl std::hash::Hasher for FnvHasher {
 type FnvBuild = std::hash::BuildHasherDefault<FnvHasher>;
 
 struct OpenBatch {
-    builder: BatchBuilder<'static>,
+    builder: BatchBuilder,
     completion: Completion,
     record_count: u32,
     buffer_bytes: usize,
@@ -402,8 +402,7 @@ impl Core {
         });
         slot.outstanding += 1;
         // No copy of the records: the header goes in front of them.
-        let (buf, start) = builder.finish_in_place();
-        let data = bytes::Bytes::from(buf).slice(start..);
+        let data = builder.finish_bytes();
         slot.last_batch_bytes = data.len();
         let sealed = SealedBatch {
             id: batch.id,
