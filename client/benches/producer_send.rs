@@ -20,6 +20,7 @@ use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use shardlog_client::{Admin, ClientConfig, DeliveryFuture, Producer, ProducerConfig, ProducerRecord};
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 const VALUE_BYTES: usize = 100;
@@ -117,8 +118,17 @@ fn setup() -> Setup {
     Setup { rt, producer, _broker: broker, _dir: dir }
 }
 
+/// The topic as an application sending in a loop holds it: an `Arc<str>`
+/// cloned per record (a reference count; a `&str` literal would allocate a
+/// new `Arc<str>` per record: 18 ns against 10 for the clone, measured
+/// alone in a loop).
+fn topic() -> &'static Arc<str> {
+    static TOPIC_NAME: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
+    TOPIC_NAME.get_or_init(|| Arc::from(TOPIC))
+}
+
 fn record(value: &bytes::Bytes, key: Option<u64>) -> ProducerRecord {
-    let r = ProducerRecord::new(TOPIC, value.clone());
+    let r = ProducerRecord::new(topic().clone(), value.clone());
     match key {
         Some(k) => r.with_key(bytes::Bytes::copy_from_slice(&k.to_le_bytes())),
         None => r,

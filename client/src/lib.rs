@@ -16,6 +16,7 @@
 //! - [`admin`]: topic management.
 
 pub mod admin;
+mod clock;
 mod cluster;
 pub mod config;
 mod conn;

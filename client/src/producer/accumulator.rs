@@ -15,6 +15,7 @@
 use super::completion::{Completion, DeliveryFuture};
 use super::sender::{self, SealedBatch, SenderCtx};
 use super::ProducerRecord;
+use crate::clock::now_ms;
 use crate::cluster::Cluster;
 use crate::config::ProducerConfig;
 use crate::error::ClientError;
@@ -23,7 +24,7 @@ use shardlog_schema::batch::{BatchBuilder, HeaderRef, BATCH_HEADER_BYTES};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::sync::{Notify, Semaphore};
 
 /// How long "topic does not exist" is remembered before asking again.
@@ -162,10 +163,6 @@ pub(crate) struct Core {
     /// Partitions with rewinds to apply: while 0 (always, but after a batch
     /// failed unwritten) sending a batch takes no lock to renumber it.
     rewinding: AtomicUsize,
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Appends `record` to `batch` and returns its future.
