@@ -162,3 +162,34 @@ fn a_truncated_batch_is_no_longer_a_duplicate_and_appends_after_it_survive_a_cra
     // The batches appended after the truncation are remembered after a crash.
     run(check_retries_after_reopen(&dir, 16));
 }
+
+#[test]
+fn a_cut_on_a_segment_boundary_still_knows_the_batch_before_it() {
+    trace();
+    run_in_tempdir(|dir| async move {
+        let log = Log::open(dir.clone(), small_config(2048, 256, FlushPolicy::Always)).await.unwrap();
+        fill(&log, 30).await;
+        // The base offsets of the sealed segments, from their file names.
+        let mut bases: Vec<u64> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.unwrap().file_name().to_str()?.strip_suffix(".log")?.parse().ok())
+            .collect();
+        bases.sort_unstable();
+        assert!(bases.len() >= 3, "small segments rolled: {bases:?}");
+        // A cut exactly at the second segment's start: the cut segment
+        // keeps nothing, so the producer's last batch below the cut is in
+        // the segment before.
+        let cut = bases[1];
+        log.truncate_to(shardlog_schema::Offset(cut)).await.unwrap();
+        assert_eq!(log.end_offset().0, cut);
+        let last = (cut / 2 - 1) as i32;
+        let dup = log.append(&idem_batch(5, 0, last * 2, 2), 1).await.unwrap();
+        assert_eq!(dup.base_offset.0, cut - 2, "the batch just below the cut is a duplicate");
+        assert_eq!(log.end_offset().0, cut, "nothing appended");
+        let gap = log.append(&idem_batch(5, 0, last * 2 + 3, 2), 1).await.unwrap_err();
+        assert_eq!(code(&gap), ErrorCode::OutOfOrderSequence);
+        let next = log.append(&idem_batch(5, 0, last * 2 + 2, 2), 1).await.unwrap();
+        assert_eq!(next.base_offset.0, cut);
+        log.close().await.unwrap();
+    });
+}

@@ -220,6 +220,14 @@ impl ProducerStates {
         self.record(producer_id, epoch, batch, now_ms);
     }
 
+    /// Producers `truncate_from(offset)` would leave with no batch.
+    #[must_use]
+    pub fn emptied_by(&self, offset: u64) -> Vec<i64> {
+        let emptied =
+            self.producers.iter().filter(|(_, e)| e.batches.front().is_some_and(|b| b.last_offset >= offset));
+        emptied.map(|(id, _)| *id).collect()
+    }
+
     /// Forgets batches at or after `offset` (a rolled-back write, a
     /// truncation). A producer left without batches keeps its epoch, so an
     /// older epoch is still refused, and may go on at any sequence.

@@ -2,6 +2,7 @@
 //! and `truncate_to`, which reuses the same scan.
 
 use super::*;
+use producers::BatchSeq;
 use segment::{recover_scan, recover_scan_from, SegmentFile};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -428,6 +429,44 @@ pub(super) async fn truncate_to(sh: &Rc<Shared>, offset: u64, exact: bool) -> Re
     result
 }
 
+/// `replay` (the idempotent batches of the cut segment below the cut, in
+/// log order) preceded by those of earlier segments, read back one segment
+/// at a time, newest first, until each producer of `emptied` (producers the
+/// cut leaves with no batch remembered) shows up or the log's first segment
+/// is read. Without this, a cut at or near a segment's start made such a
+/// producer unknown, and the retry of its last batch below the cut was
+/// appended a second time (found by `log_idempotence.rs` when batches got
+/// smaller and a cut fell on a segment boundary).
+async fn history_before(
+    sh: &Rc<Shared>,
+    seg_base: u64,
+    mut emptied: Vec<i64>,
+    mut replay: Vec<(i64, i16, BatchSeq)>,
+) -> Result<Vec<(i64, i16, BatchSeq)>, LogError> {
+    let interval = sh.config.index_interval_bytes;
+    let mut before = seg_base;
+    loop {
+        emptied.retain(|id| !replay.iter().any(|(p, _, _)| p == id));
+        if emptied.is_empty() {
+            return Ok(replay);
+        }
+        let (base, size, gaps_below) = {
+            let st = sh.st.borrow();
+            let i = st.closed.partition_point(|s| s.base < before);
+            if i == 0 {
+                return Ok(replay);
+            }
+            let s = &st.closed[i - 1];
+            (s.base, s.size(), st.closed.get(i).map_or(st.active.base, |n| n.base))
+        };
+        let reader = read::segment_reader(sh, base, false).await?;
+        let mut earlier = recover_scan(&reader, base, size, interval, None, gaps_below).await?.producers;
+        earlier.append(&mut replay);
+        replay = earlier;
+        before = base;
+    }
+}
+
 async fn truncate_inner(sh: &Rc<Shared>, offset: u64, exact: bool) -> Result<u64, LogError> {
     flush_inner(sh).await?;
     let (start, end, active_base) = {
@@ -484,7 +523,9 @@ async fn truncate_inner(sh: &Rc<Shared>, offset: u64, exact: bool) -> Result<u64
         remove_if_exists(&segment::segment_path(&sh.dir, seg_base, ext)).await?;
     }
     let scan_end = scan.valid_bytes;
-    let replay = std::mem::take(&mut scan.producers);
+    let mut replay = std::mem::take(&mut scan.producers);
+    let emptied = sh.st.borrow().producers.emptied_by(offset);
+    replay = history_before(sh, seg_base, emptied, replay).await?;
     let tail_start = align_down(scan.valid_bytes, sh.block);
     let tail = reader.read_bytes(tail_start, (scan.valid_bytes - tail_start) as usize).await?;
     let slot = ReaderSlot::new(&sh.files);
