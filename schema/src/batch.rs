@@ -374,18 +374,33 @@ pub fn filter_records(
 
 /// Validates a batch fully: [`validate`] plus verification of the record set
 /// flatbuffer and its record count. Used by the broker on produce.
+///
+/// The record set goes through `record_check` first, a one-pass check that
+/// knows the schema; only what it is not sure of goes through the generic
+/// flatbuffers verifier, which decides (see `record_check` for why the
+/// result is the same either way).
 pub fn validate_with_records(buf: &[u8], batch_bytes_max: usize) -> Result<BatchHeader, BatchError> {
     let header = validate(buf, batch_bytes_max)?;
     if header.codec() != 0 {
         return Err(BatchError::UnsupportedCodec(header.codec()));
     }
-    let set = flatbuffers::root::<wire::RecordSet>(&buf[BATCH_HEADER_BYTES..header.total_bytes()])?;
+    let set = &buf[BATCH_HEADER_BYTES..header.total_bytes()];
+    if crate::record_check::check(set, &header).is_err() {
+        check_record_set_generic(set, &header)?;
+    }
+    Ok(header)
+}
+
+/// The record set check of [`validate_with_records`] by the generic
+/// flatbuffers verifier: the reference the fast check is held to.
+pub(crate) fn check_record_set_generic(set: &[u8], header: &BatchHeader) -> Result<(), BatchError> {
+    let set = flatbuffers::root::<wire::RecordSet>(set)?;
     let actual = set.records().map_or(0, |r| r.len());
     if actual != header.record_count as usize {
         return Err(BatchError::RecordCountMismatch { header: header.record_count, actual });
     }
-    check_record_deltas(&header, set)?;
-    Ok(header)
+    check_record_deltas(header, set)?;
+    Ok(())
 }
 
 /// Each record's offset delta is above the previous one and at most

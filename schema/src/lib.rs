@@ -10,6 +10,7 @@
 pub mod batch;
 pub mod error;
 pub mod frame;
+mod record_check;
 mod record_set;
 pub mod types;
 
