@@ -16,79 +16,19 @@
 //! Keyed records use 8-byte keys over one partition's topic, so both cases
 //! hit one partition and compare like with like.
 
-use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use shardlog_client::{Admin, ClientConfig, DeliveryFuture, Producer, ProducerConfig, ProducerRecord};
+use shardlog_client::{ClientConfig, DeliveryFuture, Producer, ProducerConfig, ProducerRecord};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
+use support::{thread_cpu_ns, ThreadCpu};
+
+mod support;
 
 const VALUE_BYTES: usize = 100;
 /// Deliveries pending at once in the awaited case.
 const WINDOW: usize = 4096;
 const TOPIC: &str = "bench";
-
-/// CPU time of the calling thread, in nanoseconds.
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// Criterion measurement: CPU nanoseconds of the bench thread.
-struct ThreadCpu;
-
-struct CpuFormatter;
-
-impl ValueFormatter for CpuFormatter {
-    fn scale_values(&self, _typical: f64, _values: &mut [f64]) -> &'static str {
-        "cpu ns"
-    }
-
-    fn scale_throughputs(&self, _typical: f64, throughput: &Throughput, values: &mut [f64]) -> &'static str {
-        if let Throughput::Elements(n) = throughput {
-            for v in values.iter_mut() {
-                *v /= *n as f64;
-            }
-        }
-        "cpu ns/elem"
-    }
-
-    fn scale_for_machines(&self, _values: &mut [f64]) -> &'static str {
-        "cpu ns"
-    }
-}
-
-impl Measurement for ThreadCpu {
-    type Intermediate = u64;
-    type Value = u64;
-
-    fn start(&self) -> u64 {
-        thread_cpu_ns()
-    }
-
-    fn end(&self, start: u64) -> u64 {
-        thread_cpu_ns() - start
-    }
-
-    fn add(&self, a: &u64, b: &u64) -> u64 {
-        a + b
-    }
-
-    fn zero(&self) -> u64 {
-        0
-    }
-
-    fn to_f64(&self, v: &u64) -> f64 {
-        *v as f64
-    }
-
-    fn formatter(&self) -> &dyn ValueFormatter {
-        &CpuFormatter
-    }
-}
 
 struct Setup {
     rt: tokio::runtime::Runtime,
@@ -98,23 +38,10 @@ struct Setup {
 }
 
 fn setup() -> Setup {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = shardlog_broker::config::BrokerConfig::new(
-        dir.path().to_path_buf(),
-        "127.0.0.1:0".parse().expect("addr"),
-    );
-    config.shards = 1;
-    config.pin_cores = false;
-    let broker = shardlog_broker::start(config).expect("broker starts");
-    let addr = broker.ready.listen.to_string();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let producer = rt.block_on(async {
-        let admin = Admin::connect(ClientConfig::new(addr.clone())).await.expect("admin");
-        admin.create_topic(TOPIC, 1, &[]).await.expect("create topic");
-        Producer::new(ProducerConfig { client: ClientConfig::new(addr), ..Default::default() })
-            .await
-            .expect("producer")
-    });
+    let support::Bench { rt, addr, broker, dir } = support::start(TOPIC);
+    let producer = rt
+        .block_on(Producer::new(ProducerConfig { client: ClientConfig::new(addr), ..Default::default() }))
+        .expect("producer");
     Setup { rt, producer, _broker: broker, _dir: dir }
 }
 
