@@ -196,18 +196,18 @@ impl RecordSetWriter {
         self.put(&u32::try_from(targets.len()).expect("under 4 GiB").to_le_bytes())
     }
 
-    /// Puts a table of `N` bytes whose first four are its soffset to
+    /// Puts `table`, whose first four bytes are its soffset to
     /// `vtable` (revpos; `None`: `entries` are written right after it, at
     /// lower addresses) and whose uoffset `slots` point at their targets;
     /// returns the table's and the vtable's revpos.
-    fn put_table<const N: usize>(
+    fn put_table(
         &mut self,
-        mut table: [u8; N],
+        table: &mut [u8],
         slots: &[(usize, u32)],
         vtable: Option<u32>,
         entries: &[u16],
     ) -> (u32, u32) {
-        let at = self.revpos() + N as u32;
+        let at = self.revpos() + table.len() as u32;
         for &(slot, target) in slots {
             // The field sits at revpos `at - slot`.
             let uoffset = at - slot as u32 - target;
@@ -218,7 +218,7 @@ impl RecordSetWriter {
         // vtable address = table address - soffset, and address = len - revpos.
         let soffset = i32::try_from(i64::from(vtable) - i64::from(at)).expect("under 2 GiB");
         table[..4].copy_from_slice(&soffset.to_le_bytes());
-        self.put(&table);
+        self.put(table);
         if vtable > at {
             for e in entries.iter().rev() {
                 self.put(&e.to_le_bytes());
@@ -234,8 +234,12 @@ impl RecordSetWriter {
             let key = self.push_bytes(key.as_bytes(), true);
             self.align(4, HEADER_TABLE_BYTES);
             let known = (self.header_vtable != 0).then_some(self.header_vtable);
-            let (table, vtable) =
-                self.put_table([0u8; HEADER_TABLE_BYTES], &[(4, key), (8, value)], known, &HEADER_VTABLE);
+            let (table, vtable) = self.put_table(
+                &mut [0u8; HEADER_TABLE_BYTES],
+                &[(4, key), (8, value)],
+                known,
+                &HEADER_VTABLE,
+            );
             self.header_vtable = vtable;
             tables.push(table);
         }
@@ -278,12 +282,7 @@ impl RecordSetWriter {
             0 => None,
             v => Some(v),
         };
-        // `size` is 16, 24 or 32: the table is the array's first `size` bytes.
-        let (record, vtable) = match size {
-            16 => self.put_table(first::<16>(&table), &slots[..n], known, &entries),
-            24 => self.put_table(first::<24>(&table), &slots[..n], known, &entries),
-            _ => self.put_table(table, &slots[..n], known, &entries),
-        };
+        let (record, vtable) = self.put_table(&mut table[..size], &slots[..n], known, &entries);
         self.vtables[shape.index()] = vtable;
         self.records.push(record);
     }
@@ -295,7 +294,7 @@ impl RecordSetWriter {
         let records = std::mem::take(&mut self.records);
         let vector = self.push_offsets(&records);
         self.align(4, SET_TABLE_BYTES);
-        let (set, _) = self.put_table([0u8; SET_TABLE_BYTES], &[(4, vector)], None, &SET_VTABLE);
+        let (set, _) = self.put_table(&mut [0u8; SET_TABLE_BYTES], &[(4, vector)], None, &SET_VTABLE);
         self.align(MIN_ALIGN, 4);
         let root = self.revpos() + 4;
         self.put(&(root - set).to_le_bytes());
@@ -303,11 +302,6 @@ impl RecordSetWriter {
         self.put(&header);
         Written { buf: self.buf, head: self.head }
     }
-}
-
-/// The first `N` bytes of `table`.
-fn first<const N: usize>(table: &[u8; 32]) -> [u8; N] {
-    table[..N].try_into().expect("N <= 32")
 }
 
 #[cfg(test)]

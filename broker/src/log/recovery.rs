@@ -435,8 +435,8 @@ pub(super) async fn truncate_to(sh: &Rc<Shared>, offset: u64, exact: bool) -> Re
 /// cut leaves with no batch remembered) shows up or the log's first segment
 /// is read. Without this, a cut at or near a segment's start made such a
 /// producer unknown, and the retry of its last batch below the cut was
-/// appended a second time (found by `log_idempotence.rs` when batches got
-/// smaller and a cut fell on a segment boundary).
+/// appended a second time (found by `log_idempotence.rs` when batches
+/// changed size and a cut fell on a segment boundary).
 async fn history_before(
     sh: &Rc<Shared>,
     seg_base: u64,
@@ -445,11 +445,18 @@ async fn history_before(
 ) -> Result<Vec<(i64, i16, BatchSeq)>, LogError> {
     let interval = sh.config.index_interval_bytes;
     let mut before = seg_base;
+    let mut seen = 0;
     loop {
-        emptied.retain(|id| !replay.iter().any(|(p, _, _)| p == id));
+        if !emptied.is_empty() {
+            // Only the batches read since the last look can name a new producer.
+            let found: std::collections::HashSet<i64> =
+                replay[..replay.len() - seen].iter().map(|b| b.0).collect();
+            emptied.retain(|id| !found.contains(id));
+        }
         if emptied.is_empty() {
             return Ok(replay);
         }
+        seen = replay.len();
         let (base, size, gaps_below) = {
             let st = sh.st.borrow();
             let i = st.closed.partition_point(|s| s.base < before);
