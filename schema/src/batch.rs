@@ -542,9 +542,14 @@ impl BatchBuilder {
     /// When no record was pushed: an empty batch is a caller bug.
     #[must_use]
     pub fn finish_bytes(self) -> Bytes {
+        self.finish_parts().1
+    }
+
+    /// The finished batch and the header it carries (with its CRC).
+    fn finish_parts(self) -> (BatchHeader, Bytes) {
         let count = self.records.len();
         assert!(count > 0, "a batch has at least one record");
-        let header = BatchHeader {
+        let mut header = BatchHeader {
             base_offset: 0,
             batch_length: 0,
             leader_epoch: -1,
@@ -560,15 +565,14 @@ impl BatchBuilder {
             record_count: count as u32,
         };
         let written = self.records.finish(|set| {
-            let total = BATCH_HEADER_BYTES + set.len();
-            let header = BatchHeader { batch_length: (total - BATCH_LENGTH_PREFIX_BYTES) as u32, ..header };
+            header.batch_length = (BATCH_HEADER_BYTES + set.len() - BATCH_LENGTH_PREFIX_BYTES) as u32;
             let mut head = [0u8; BATCH_HEADER_BYTES];
             write_header(&header, &mut head);
-            let crc = crc32c::crc32c_append(crc32c::crc32c(&head[CRC_START..]), set);
-            head[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_le_bytes());
+            header.crc = crc32c::crc32c_append(crc32c::crc32c(&head[CRC_START..]), set);
+            head[OFF_CRC..OFF_CRC + 4].copy_from_slice(&header.crc.to_le_bytes());
             head
         });
-        Bytes::from_owner(written)
+        (header, Bytes::from_owner(written))
     }
 
     /// Finishes the batch into `out` (appended) and returns its header.
@@ -576,9 +580,9 @@ impl BatchBuilder {
     /// # Panics
     /// When no record was pushed: an empty batch is a caller bug.
     pub fn finish_into(self, out: &mut Vec<u8>) -> BatchHeader {
-        let batch = self.finish_bytes();
+        let (header, batch) = self.finish_parts();
         out.extend_from_slice(&batch);
-        BatchHeader::parse(&batch).expect("a batch just built parses")
+        header
     }
 
     /// Finishes the batch into a new vector.
@@ -805,6 +809,19 @@ mod tests {
             assert_eq!(&bytes[..], &a.finish()[..], "capacity {capacity}, {n} records");
             validate_with_records(&bytes, 1 << 20).expect("valid");
         }
+    }
+
+    #[test]
+    fn finish_into_returns_the_header_it_wrote() {
+        let mut b = BatchBuilder::with_capacity(0);
+        b.set_producer(7, 1, 40);
+        b.push(Some(b"k"), b"v", &[("h", b"x")], 1_000);
+        b.push(None, b"w", &[], 1_005);
+        let mut out = vec![9u8; 3];
+        let header = b.finish_into(&mut out);
+        assert_eq!(BatchHeader::parse(&out[3..]), Ok(header));
+        assert_eq!(header.total_bytes(), out.len() - 3);
+        assert_eq!(validate_with_records(&out[3..], 1 << 20), Ok(header));
     }
 
     #[test]
