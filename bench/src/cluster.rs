@@ -334,11 +334,8 @@ fn write_report(
     one: Throughput,
     memcpy: f64,
 ) -> anyhow::Result<()> {
-    let sha = env::Environment::collect(&crate::repo_dir(), data_dir).git_sha;
-    let date = crate::report::utc_date(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs(),
-    );
-    let base = a.out.join(format!("{date}-{sha}-cluster"));
+    let env::ReportName { base, date, sha } =
+        env::report_base(&a.out, "cluster", a.broker_bin.as_deref(), data_dir)?;
     let answered: Vec<f64> = prop.iter().map(|p| p.0).collect();
     let everywhere: Vec<f64> = prop.iter().map(|p| p.1).collect();
     let json = serde_json::json!({

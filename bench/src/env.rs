@@ -1,5 +1,6 @@
-//! What a report records about where it ran: git revision, build profile,
-//! kernel, CPU, disk; and per-process resource use sampled from `/proc`.
+//! What a report records about where it ran: the builds measured, build
+//! profile, kernel, CPU, disk; and per-process resource use sampled from
+//! `/proc`.
 
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -8,8 +9,15 @@ use std::process::Command;
 /// The machine and build a report was produced on.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Environment {
+    /// The commit the broker under test was built from (its `--version`),
+    /// or this harness's own build when no broker binary is known.
     pub git_sha: String,
+    /// Whether that build had uncommitted changes.
     pub git_dirty: bool,
+    /// The commit this harness was built from (`-dirty` when it had
+    /// uncommitted changes); empty in reports made before it was kept.
+    #[serde(default)]
+    pub harness_sha: String,
     pub build_profile: String,
     pub kernel: String,
     pub cpu_model: String,
@@ -30,24 +38,16 @@ pub struct DiskInfo {
     pub model: String,
 }
 
-fn run_text(cmd: &str, args: &[&str]) -> Option<String> {
-    let out = Command::new(cmd).args(args).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
-
 fn read_text(path: impl AsRef<Path>) -> Option<String> {
     std::fs::read_to_string(path).ok().map(|s| s.trim().to_owned())
 }
 
 impl Environment {
-    /// Collects everything; `data_dir` selects the disk reported.
+    /// Collects everything; `broker` is the broker binary under test (its
+    /// build names the report), `data_dir` selects the disk reported.
     #[must_use]
-    pub fn collect(repo: &Path, data_dir: &Path) -> Environment {
-        let repo_s = repo.to_string_lossy();
-        let git_sha =
-            run_text("git", &["-C", &repo_s, "rev-parse", "--short=12", "HEAD"]).unwrap_or_default();
-        let git_dirty = run_text("git", &["-C", &repo_s, "status", "--porcelain", "--untracked-files=no"])
-            .is_some_and(|s| !s.is_empty());
+    pub fn collect(broker: Option<&Path>, data_dir: &Path) -> Environment {
+        let (git_sha, git_dirty) = split_dirty(&broker.map_or_else(|| HARNESS_SHA.to_owned(), binary_sha));
         let cpuinfo = read_text("/proc/cpuinfo").unwrap_or_default();
         let cpu_model = cpuinfo
             .lines()
@@ -60,8 +60,9 @@ impl Environment {
             })
             .unwrap_or(0);
         Environment {
-            git_sha: if git_sha.is_empty() { "unknown".into() } else { git_sha },
+            git_sha,
             git_dirty,
+            harness_sha: HARNESS_SHA.to_owned(),
             build_profile: build_profile().into(),
             kernel: read_text("/proc/sys/kernel/osrelease").unwrap_or_default(),
             cpu_model,
@@ -70,6 +71,63 @@ impl Environment {
             hostname: read_text("/proc/sys/kernel/hostname").unwrap_or_default(),
             disk: DiskInfo::for_path(data_dir),
         }
+    }
+}
+
+/// Where a report's files go and what its title names.
+pub struct ReportName {
+    /// `<out>/<date>-<sha>-<name>`, without an extension.
+    pub base: std::path::PathBuf,
+    pub date: String,
+    /// The broker build measured.
+    pub sha: String,
+}
+
+/// A report's [`ReportName`], creating `out`; the build is `broker`'s, or
+/// the default broker binary's beside this harness.
+pub fn report_base(
+    out: &Path,
+    name: &str,
+    broker: Option<&Path>,
+    data_dir: &Path,
+) -> anyhow::Result<ReportName> {
+    use anyhow::Context;
+    let binary = broker.map_or_else(crate::broker::default_binary, |b| Ok(b.to_path_buf()))?;
+    let sha = Environment::collect(Some(&binary), data_dir).git_sha;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+    std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
+    let date = crate::report::utc_date(now);
+    Ok(ReportName { base: out.join(format!("{date}-{sha}-{name}")), date, sha })
+}
+
+/// The commit this harness was built from (see `ops/build/git_sha.rs`).
+pub const HARNESS_SHA: &str = env!("SHARDLOG_BUILD_SHA");
+
+/// The build a `shardlog` binary names in `--version` (`shardlog 0.1.0
+/// (0123456789ab)`); `unknown` when it names none (built before it did, or
+/// not a `shardlog` binary).
+fn binary_sha(binary: &Path) -> String {
+    let text = Command::new(binary)
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    parse_version_sha(&text).unwrap_or("unknown").to_owned()
+}
+
+fn parse_version_sha(version: &str) -> Option<&str> {
+    let (_, rest) = version.trim().rsplit_once('(')?;
+    let sha = rest.strip_suffix(')')?;
+    (!sha.is_empty() && sha.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')).then_some(sha)
+}
+
+/// `abc-dirty` as (`abc`, true).
+fn split_dirty(sha: &str) -> (String, bool) {
+    match sha.strip_suffix("-dirty") {
+        Some(clean) => (clean.to_owned(), true),
+        None => (sha.to_owned(), false),
     }
 }
 
@@ -140,6 +198,48 @@ pub struct ProcSample {
 }
 
 /// Reads `/proc/<pid>/stat` (CPU time) and `/proc/<pid>/statm` (RSS).
+/// A block device's cumulative I/O, from `/proc/diskstats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DiskCounters {
+    pub read_bytes: u64,
+    pub written_bytes: u64,
+    /// Time the device had I/O in flight (`io_ticks`), ms.
+    pub busy_ms: u64,
+}
+
+impl DiskCounters {
+    /// The counters of `device` (`/dev/vda` or `vda`) now; `None` when
+    /// `/proc/diskstats` does not list it (tmpfs, overlay, ...).
+    #[must_use]
+    pub fn read(device: &str) -> Option<DiskCounters> {
+        parse_diskstats(&read_text("/proc/diskstats")?, device.rsplit('/').next()?)
+    }
+
+    /// What happened between `earlier` and `self`.
+    #[must_use]
+    pub fn since(self, earlier: DiskCounters) -> DiskCounters {
+        DiskCounters {
+            read_bytes: self.read_bytes.saturating_sub(earlier.read_bytes),
+            written_bytes: self.written_bytes.saturating_sub(earlier.written_bytes),
+            busy_ms: self.busy_ms.saturating_sub(earlier.busy_ms),
+        }
+    }
+}
+
+fn parse_diskstats(text: &str, name: &str) -> Option<DiskCounters> {
+    // After the name: reads, merged, sectors read, ms, writes, merged,
+    // sectors written, ms, in flight, io_ticks, ...
+    let fields: Vec<u64> = text.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        (f.nth(2) == Some(name)).then(|| f.map(|v| v.parse().unwrap_or(0)).collect())
+    })?;
+    Some(DiskCounters {
+        read_bytes: *fields.get(2)? * 512,
+        written_bytes: *fields.get(6)? * 512,
+        busy_ms: *fields.get(9)?,
+    })
+}
+
 /// `None` when the process is gone.
 #[must_use]
 pub fn sample_proc(pid: u32, t_s: f64) -> Option<ProcSample> {
@@ -223,8 +323,36 @@ mod tests {
     }
 
     #[test]
+    fn disk_counters_come_from_diskstats() {
+        let text = " 254       0 vda 132414 11646 78478394 306854 440406 81318 164028496 469246 0 94176 792450 12142 51\n\
+                    254       1 vda1 10 0 80 1 20 0 160 2 0 3 4\n";
+        let c = parse_diskstats(text, "vda").expect("vda");
+        assert_eq!(
+            c,
+            DiskCounters { read_bytes: 78478394 * 512, written_bytes: 164028496 * 512, busy_ms: 94176 }
+        );
+        assert_eq!(parse_diskstats(text, "vda1").map(|c| c.busy_ms), Some(3));
+        assert_eq!(parse_diskstats(text, "sda"), None);
+        let later = DiskCounters { read_bytes: c.read_bytes + 10, ..c };
+        assert_eq!(later.since(c), DiskCounters { read_bytes: 10, written_bytes: 0, busy_ms: 0 });
+    }
+
+    #[test]
+    fn a_broker_build_is_read_off_its_version_line() {
+        assert_eq!(parse_version_sha("shardlog 0.1.0 (0123456789ab)\n"), Some("0123456789ab"));
+        assert_eq!(parse_version_sha("shardlog 0.1.0 (0123456789ab-dirty)"), Some("0123456789ab-dirty"));
+        assert_eq!(parse_version_sha("shardlog 0.1.0"), None, "an older build names no commit");
+        assert_eq!(parse_version_sha("shardlog 0.1.0 ()"), None);
+        assert_eq!(split_dirty("0123456789ab-dirty"), ("0123456789ab".to_owned(), true));
+        assert_eq!(split_dirty("0123456789ab"), ("0123456789ab".to_owned(), false));
+        assert_eq!(binary_sha(Path::new("/nonexistent/shardlog")), "unknown");
+    }
+
+    #[test]
     fn environment_names_the_disk_and_cpu() {
-        let env = Environment::collect(Path::new(env!("CARGO_MANIFEST_DIR")), Path::new("/"));
+        let env = Environment::collect(None, Path::new("/"));
+        assert_eq!(env.harness_sha, HARNESS_SHA);
+        assert!(!env.git_sha.is_empty());
         assert!(env.cores >= 1);
         assert!(!env.kernel.is_empty());
         assert_eq!(env.disk.mount_point, "/");

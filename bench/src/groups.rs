@@ -351,11 +351,8 @@ async fn run_async(a: &GroupsArgs) -> anyhow::Result<()> {
     }
     drop(b);
 
-    let sha = env::Environment::collect(&crate::repo_dir(), &data_dir).git_sha;
-    let date = crate::report::utc_date(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs(),
-    );
-    let base = a.out.join(format!("{date}-{sha}-groups"));
+    let env::ReportName { base, date, sha } =
+        env::report_base(&a.out, "groups", a.broker_bin.as_deref(), &data_dir)?;
     let json = serde_json::json!({
         "members": a.members, "partitions": a.partitions, "heartbeat_ms": a.heartbeat_ms,
         "initial_join_s": rb.initial_s, "join_rebalance_ms": rb.joins_ms, "leave_rebalance_ms": rb.leaves_ms,

@@ -209,7 +209,7 @@ pub fn measure_and_save_limits(dir: &Path, quick: bool, out: &Path) -> anyhow::R
     );
     let plan = if quick { limits::LimitsPlan::QUICK } else { limits::LimitsPlan::FULL };
     let l = limits::measure(dir, plan, quick);
-    let env = env::Environment::collect(&repo_dir(), dir);
+    let env = env::Environment::collect(None, dir);
     let ldir = out.join("limits");
     std::fs::create_dir_all(&ldir)?;
     let base = format!("{}-{}", report::utc_date(l.measured_at_unix_s), env.git_sha);

@@ -259,11 +259,8 @@ pub fn run(a: &RecoveryArgs) -> anyhow::Result<()> {
 }
 
 fn write_report(a: &RecoveryArgs, root: &Path, cases: &[Case], disk_read: Option<f64>) -> anyhow::Result<()> {
-    let sha = env::Environment::collect(&crate::repo_dir(), root).git_sha;
-    let date = crate::report::utc_date(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs(),
-    );
-    let base = a.out.join(format!("{date}-{sha}-recovery"));
+    let env::ReportName { base, date, sha } =
+        env::report_base(&a.out, "recovery", a.broker_bin.as_deref(), root)?;
     let json = serde_json::json!({
         "shards": a.shards, "record_bytes": a.record_bytes, "point_interval_ms": a.point_interval_ms,
         "rounds": a.rounds, "disk_read_bytes_per_s": disk_read, "cases": cases,

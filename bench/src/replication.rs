@@ -176,10 +176,15 @@ pub fn run(a: &ReplicationArgs) -> anyhow::Result<()> {
         ("RF 3, acks=1", "rf3", Acks::Leader),
         ("RF 3, acks=all", "rf3", Acks::All),
     ];
+    let device = env::DiskInfo::for_path(root.path()).device;
+    let disk_now = || env::DiskCounters::read(&device);
     let mut throughput = Vec::new();
+    let mut disk_io = Vec::new();
     for (label, topic, acks) in cases {
         eprintln!("replication: throughput, {label}");
+        let before = disk_now();
         throughput.push(rt.block_on(produce(&bootstrap, topic, a.seconds, a.record_bytes, &pids, acks))?);
+        disk_io.push(before.zip(disk_now()).map(|(b, n)| n.since(b)));
     }
     // Let the disk settle after the closed loops (their writes are still
     // draining) so the paced runs measure the broker, not the backlog.
@@ -224,7 +229,9 @@ pub fn run(a: &ReplicationArgs) -> anyhow::Result<()> {
     let restart = Instant::now();
     let b3 = Broker::spawn(&opts3)?;
     let started = restart.elapsed();
+    let before = disk_now();
     let caught_up = rt.block_on(wait_in_sync(&live_admin, "catchup", 3, Duration::from_secs(600)))?;
+    let catchup_io = before.zip(disk_now()).map(|(b, n)| n.since(b));
     brokers.insert(3, (b3, opts3));
     drop(brokers);
     drop(ensemble);
@@ -239,10 +246,9 @@ pub fn run(a: &ReplicationArgs) -> anyhow::Result<()> {
         a,
         root.path(),
         &throughput,
+        &disk_io,
         &latency,
-        backlog_bytes,
-        started,
-        caught_up,
+        CatchUp { backlog_bytes, started, caught_up, disk: catchup_io },
         loopback,
         limits.disk_write_bytes_per_s,
         memcpy,
@@ -251,24 +257,33 @@ pub fn run(a: &ReplicationArgs) -> anyhow::Result<()> {
 }
 
 #[allow(clippy::too_many_arguments)]
+/// The catch-up measurement.
+struct CatchUp {
+    backlog_bytes: u64,
+    /// Restart to the ready line.
+    started: Duration,
+    /// Ready line to every ISR holding the follower again.
+    caught_up: Duration,
+    /// The data disk's I/O while it caught up.
+    disk: Option<env::DiskCounters>,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn write_report(
     a: &ReplicationArgs,
     data_dir: &Path,
     throughput: &[Throughput],
+    disk_io: &[Option<env::DiskCounters>],
     latency: &[Latency],
-    backlog_bytes: u64,
-    started: Duration,
-    caught_up: Duration,
+    c: CatchUp,
     loopback: Option<f64>,
     disk_write: Option<f64>,
     memcpy: f64,
     labels: &[&str],
 ) -> anyhow::Result<()> {
-    let sha = env::Environment::collect(&crate::repo_dir(), data_dir).git_sha;
-    let date = crate::report::utc_date(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs(),
-    );
-    let base = a.out.join(format!("{date}-{sha}-replication"));
+    let env::ReportName { base, date, sha } =
+        env::report_base(&a.out, "replication", a.broker_bin.as_deref(), data_dir)?;
+    let CatchUp { backlog_bytes, started, caught_up, disk: catchup_disk } = c;
     let catchup_rate = backlog_bytes as f64 / caught_up.as_secs_f64();
     let json = serde_json::json!({
         "brokers": 3, "shards_per_broker": 1, "partitions": a.partitions, "record_bytes": a.record_bytes,
@@ -276,14 +291,18 @@ fn write_report(
         "throughput": labels.iter().zip(throughput).map(|(l, t)| (l.to_string(), serde_json::to_value(t).expect("json"))).collect::<serde_json::Map<_, _>>(),
         "latency": labels.iter().zip(latency).map(|(l, t)| (l.to_string(), serde_json::to_value(t).expect("json"))).collect::<serde_json::Map<_, _>>(),
         "paced_rate": a.paced_rate,
-        "catchup": { "backlog_bytes": backlog_bytes, "restart_to_ready_s": started.as_secs_f64(), "ready_to_in_sync_s": caught_up.as_secs_f64(), "bytes_per_s": catchup_rate },
+        "catchup": { "backlog_bytes": backlog_bytes, "restart_to_ready_s": started.as_secs_f64(), "ready_to_in_sync_s": caught_up.as_secs_f64(), "bytes_per_s": catchup_rate, "disk": catchup_disk },
+        "disk_during_throughput": labels.iter().zip(disk_io).map(|(l, d)| (l.to_string(), serde_json::to_value(d).expect("json"))).collect::<serde_json::Map<_, _>>(),
     });
     std::fs::write(base.with_extension("json"), serde_json::to_string_pretty(&json)?)?;
     let mut rows = String::new();
-    for ((l, t), rf) in labels.iter().zip(throughput).zip([1.0, 3.0, 3.0]) {
+    for (((l, t), rf), io) in labels.iter().zip(throughput).zip([1.0, 3.0, 3.0]).zip(disk_io) {
         let disk = disk_write.map_or("-".to_string(), |d| format!("{:.2}", t.bytes_per_s * rf / d));
+        let read = io.map_or("-".to_string(), |io| {
+            format!("{:.2}", io.read_bytes as f64 / (t.bytes_per_s * a.seconds as f64).max(1.0))
+        });
         rows.push_str(&format!(
-            "| {l} | {:.0} | {:.1} MB/s ({:.4} of memcpy) | {disk} | {:.2} of RF 1 | {:.2} us | {:.2} us |\n",
+            "| {l} | {:.0} | {:.1} MB/s ({:.4} of memcpy) | {disk} | {read} | {:.2} of RF 1 | {:.2} us | {:.2} us |\n",
             t.records_per_s,
             t.bytes_per_s / 1e6,
             t.bytes_per_s / memcpy,
@@ -315,6 +334,22 @@ fn write_report(
         ),
         None => loop_text,
     };
+    let disk_text = match (catchup_disk, disk_write) {
+        (Some(io), Some(d)) => {
+            let secs = caught_up.as_secs_f64();
+            let (r, w) = (io.read_bytes as f64 / secs, io.written_bytes as f64 / secs);
+            format!(
+                " Meanwhile the data disk read {:.0} MB/s (the leaders' logs) and wrote {:.0} MB/s (the follower's), \
+                 busy {:.0} % of the time: together {:.2} of fio's write. On one box the leaders' reads and the \
+                 follower's writes share one disk, so catch-up cannot pass about half of what the disk moves.",
+                r / 1e6,
+                w / 1e6,
+                io.busy_ms as f64 / 10.0 / secs,
+                (r + w) / d
+            )
+        }
+        _ => String::new(),
+    };
     let all = throughput[2].records_per_s / throughput[0].records_per_s;
     let md = format!(
         "# Replication: what RF 3 and acks=all cost, and follower catch-up ({date}, {sha})\n\n\
@@ -323,8 +358,8 @@ fn write_report(
          generator. Every replica of RF 3 is on this machine, so each produced byte is written three times to the same \
          disk and crosses loopback twice more: this measures the cost on one box, not on three.\n\n\
          ## Throughput (one producer, closed loop, {} B keyed records over {} partitions, {} s each; memcpy {:.1} GB/s)\n\n\
-         | set-up | records/s | bytes/s | bytes written to disk (x RF) / fio's O_DIRECT write | ratio | client CPU per record | broker CPU per record (all 3 brokers) |\n\
-         |---|---|---|---|---|---|---|\n{rows}\n\
+         | set-up | records/s | bytes/s | bytes written to disk (x RF) / fio's O_DIRECT write | bytes read from disk / bytes produced | ratio | client CPU per record | broker CPU per record (all 3 brokers) |\n\
+         |---|---|---|---|---|---|---|---|\n{rows}\n\
          fio's O_DIRECT sequential write on the data disk, same run: {}.\n\n\
          Target: `acks=all` at RF 3 at least 0.60 of RF 1's throughput on the same machine. Measured: **{all:.2}**{}.\n\n\
          ## Acknowledgement latency at {} records/s ({} s; each record's send to its acknowledgement)\n\n\
@@ -332,7 +367,7 @@ fn write_report(
          ## Follower catch-up\n\n\
          Broker 3 SIGKILLed, {:.0} MB produced with acks=1 to a {}-partition RF 3 topic, broker 3 restarted on its data: \
          {:.2} s from the restart to its ready line (recovery), then **{:.2} s** until every partition's ISR held it \
-         again: {:.0} MB/s, against {loop_text}. Target: 0.50 of loopback. The backlog is {:.1} GB, not the issue's 10 GB \
+         again: {:.0} MB/s, against {loop_text}.{disk_text} Target: 0.50 of loopback. The backlog is {:.1} GB, not the issue's 10 GB \
          (`--backlog-mb` sets it; 10 GB takes about four times as long on this disk).\n",
         a.session_ms,
         a.record_bytes,

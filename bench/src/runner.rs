@@ -219,7 +219,11 @@ fn run_workload(
         runs.push(result?);
     }
     let env_dir = if data_parent.exists() { data_parent.to_path_buf() } else { crate::repo_dir() };
-    let environment = Environment::collect(&crate::repo_dir(), &env_dir);
+    let binary = match &args.broker_bin {
+        Some(b) => Some(b.clone()),
+        None => args.spawn_broker.then(broker::default_binary).transpose()?,
+    };
+    let environment = Environment::collect(binary.as_deref(), &env_dir);
     let aggregate = Aggregate::of(&runs);
     Ok(Report {
         invalid: crate::report::invalid_reason(&runs),

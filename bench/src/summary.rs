@@ -34,9 +34,14 @@ pub fn report_markdown(r: &Report, plots: &PlotFiles) -> String {
     }
     let _ = writeln!(
         md,
-        "git `{}`{} · {} build · {} · {} cores · kernel {} · disk {} {} on {}\n",
+        "broker build `{}`{}{} · {} build · {} · {} cores · kernel {} · disk {} {} on {}\n",
         e.git_sha,
         if e.git_dirty { " (dirty)" } else { "" },
+        if e.harness_sha.is_empty() {
+            String::new()
+        } else {
+            format!(" · harness build `{}`", e.harness_sha)
+        },
         e.build_profile,
         e.cpu_model,
         e.cores,

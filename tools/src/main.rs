@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
-#[command(name = "shardlog", version, about = "Shardlog: a partitioned, thread-per-core commit-log broker")]
+#[command(name = "shardlog", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("SHARDLOG_BUILD_SHA"), ")"), about = "Shardlog: a partitioned, thread-per-core commit-log broker")]
 struct Cli {
     /// Log lines on stderr: `text` (human, coloured on a terminal) or `json`
     /// (one object per line with the thread, e.g. `shard-0`, and the
