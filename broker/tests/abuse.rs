@@ -187,6 +187,7 @@ fn send_fetch(c: &mut Conn, topic: &str, partitions: u32, max_bytes: u32) {
                             fetch_offset: 0,
                             partition_max_bytes: max_bytes,
                             current_leader_epoch: -1,
+                            replica_log_end: -1,
                         },
                     )
                 })

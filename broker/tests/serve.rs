@@ -263,6 +263,7 @@ fn consumer_vanishing_mid_splice_leaves_broker_healthy() {
                         fetch_offset: 0,
                         partition_max_bytes: 64 << 20,
                         current_leader_epoch: -1,
+                        replica_log_end: -1,
                     },
                 );
                 let ps = fbb.create_vector(&[p]);

@@ -471,6 +471,7 @@ pub fn encode_fetch(corr: u32, client_id: &str, params: FetchParams, targets: &[
                     fetch_offset: t.offset as i64,
                     partition_max_bytes: t.max_bytes,
                     current_leader_epoch: -1,
+                    replica_log_end: -1,
                 },
             )
         })

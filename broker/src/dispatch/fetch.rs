@@ -20,6 +20,9 @@ struct FetchPart {
     rejected: bool,
     /// A follower's fetch: this broker id (else -1), and the epoch it follows.
     replica_id: i32,
+    /// A follower's written log end: `offset` unless it fetches ahead (see
+    /// `replica::fetcher`), never past it.
+    replica_log_end: u64,
     leader_epoch: i32,
     error: Option<PartitionError>,
     high_watermark: i64,
@@ -139,6 +142,7 @@ pub(super) async fn fetch(ctx: &Rc<ShardContext>, corr: u32, req: wire::FetchReq
                     max_bytes: p.partition_max_bytes().min(cap),
                     rejected: p.fetch_offset() < 0,
                     replica_id: req.replica_id().max(-1),
+                    replica_log_end: replica_log_end(p.fetch_offset(), p.replica_log_end()),
                     leader_epoch: p.current_leader_epoch(),
                     error: (p.fetch_offset() < 0).then(|| {
                         PartitionError::new(ErrorCode::OffsetOutOfRange, "fetch offset must not be negative")
@@ -206,9 +210,20 @@ fn note_follower_fetches(ctx: &ShardContext, replica: i32, parts: &[FetchPart]) 
         // What this leader has written is what a follower can have: caught
         // up means reaching it.
         let written = p.log.high_watermark().0;
-        if p.replica.on_follower_fetch(replica, part.offset, written, written, now) {
+        if p.replica.on_follower_fetch(replica, part.replica_log_end, written, written, now) {
             p.data.notify();
         }
+    }
+}
+
+/// What a follower has written, from its fetch: its `replica_log_end`,
+/// or the fetch offset when it names none (-1) or names more.
+fn replica_log_end(fetch_offset: i64, log_end: i64) -> u64 {
+    let from = fetch_offset.max(0) as u64;
+    if log_end < 0 {
+        from
+    } else {
+        (log_end as u64).min(from)
     }
 }
 

@@ -11,6 +11,18 @@
 //!    watermark; again, until told to stop (a new role) or until something
 //!    goes wrong, which goes back to 1 after a pause.
 //!
+//! **Pipelining.** An answer of at least [`PIPELINE_BYTES`] means a
+//! backlog: the next fetch (from just past that answer) goes out while
+//! the answer is appended, so the leader's read, the transfer and this
+//! log's write overlap. Such a fetch names this log's written end apart
+//! (`replica_log_end`): the leader counts only what a follower has written
+//! for the ISR and the high watermark. It asks the leader not to wait
+//! (`max_wait_ms` 0): a held fetch would keep the leader from learning of
+//! the write for as long as it is held. A smaller answer is appended
+//! before the next fetch, which then reports it at once, so `acks=all`
+//! waits no longer than without pipelining. Appends stay one at a time, in
+//! order.
+//!
 //! The leader epoch in every request fences both sides: a leader with
 //! another epoch answers `FencedLeaderEpoch`, and the follower waits for
 //! the metadata that resolves it (the shard then starts a new fetcher).
@@ -35,6 +47,8 @@ const RETRY: Duration = Duration::from_millis(200);
 const FETCH_MAX_WAIT_MS: u32 = 500;
 /// Bytes asked for per fetch (the leader caps it at its `fetch_bytes_max`).
 const FETCH_BYTES: u32 = 8 << 20;
+/// An answer this large is appended while the next fetch is in flight.
+const PIPELINE_BYTES: usize = 1 << 20;
 /// How replica requests name their sender.
 const CLIENT_ID: &str = "shardlog-replica-fetcher";
 /// Longest wait for a connection or an answer.
@@ -110,7 +124,7 @@ async fn follow_round(
     if let Some(latest) = p.log.latest_epoch() {
         *corr = corr.wrapping_add(1);
         let req = encode_epoch_query(*corr, &p.topic, p.id, me, latest, epoch);
-        let (header, _) = round_trip(&mut conn, &req, &limits).await?;
+        let (header, _) = round_trip(&mut conn, &req, &limits, &mut Vec::new()).await?;
         let (leader_epoch, leader_end) = decode_epoch_answer(&header, &limits)?;
         let target = if leader_epoch < 0 {
             p.log.start_offset()
@@ -123,11 +137,34 @@ async fn follow_round(
             tracing::warn!(topic = %p.topic, partition = p.id, leader, epoch, %end, "truncated to the leader's log");
         }
     }
+    // One buffer receives an answer while the other's is appended.
+    let (mut receiving, mut appending) = (Vec::new(), Vec::new());
+    // Bytes of `appending` not yet appended, and the offset after them.
+    let mut held: Option<(usize, u64)> = None;
+    let mut leader_hw = 0u64;
     while !stop.get() && !ctx.shutting_down.get() {
-        let from = p.log.end_offset().0;
+        let written = p.log.end_offset().0;
         *corr = corr.wrapping_add(1);
-        let req = encode_replica_fetch(*corr, &p.topic, p.id, me, from, epoch);
-        let (header, payload) = round_trip(&mut conn, &req, &limits).await?;
+        let (answer, appended) = match held.take() {
+            None => {
+                let req = encode_replica_fetch(*corr, &p.topic, p.id, me, Ask::at(written, epoch));
+                (round_trip(&mut conn, &req, &limits, &mut receiving).await, Ok(None))
+            }
+            Some((bytes, next)) => {
+                let req = encode_replica_fetch(*corr, &p.topic, p.id, me, Ask::ahead(next, written, epoch));
+                let (answer, appended) = futures_lite::future::zip(
+                    round_trip(&mut conn, &req, &limits, &mut receiving),
+                    p.log.append_replica(&appending[..bytes]),
+                )
+                .await;
+                (answer, appended.map(Some))
+            }
+        };
+        if appended?.is_some() {
+            p.data.notify();
+            p.replica.set_follower_hw(leader_hw, p.log.end_offset().0);
+        }
+        let (header, payload_len) = answer?;
         let frame = limits.verify_response(&header).map_err(|e| FetchError::Protocol(e.to_string()))?;
         let body =
             frame.body_as_fetch_response().ok_or_else(|| FetchError::Protocol("no fetch body".into()))?;
@@ -137,15 +174,24 @@ async fn follow_round(
             return Ok(());
         }
         let bytes = part.bytes() as usize;
-        if bytes > payload.len() {
+        if bytes > payload_len {
             return Err(FetchError::Protocol("answer shorter than it says".into()));
         }
+        leader_hw = part.high_watermark().max(0) as u64;
+        if bytes >= PIPELINE_BYTES {
+            let next = u64::try_from(part.last_offset())
+                .ok()
+                .and_then(|last| last.checked_add(1))
+                .ok_or_else(|| FetchError::Protocol("data without a last offset".into()))?;
+            std::mem::swap(&mut receiving, &mut appending);
+            held = Some((bytes, next));
+            continue;
+        }
         if bytes > 0 {
-            p.log.append_replica(&payload[..bytes]).await?;
+            p.log.append_replica(&receiving[..bytes]).await?;
             p.data.notify();
         }
-        let hw = part.high_watermark().max(0) as u64;
-        p.replica.set_follower_hw(hw, p.log.end_offset().0);
+        p.replica.set_follower_hw(leader_hw, p.log.end_offset().0);
     }
     Ok(())
 }
@@ -160,12 +206,15 @@ async fn timed<T>(fut: impl Future<Output = T>) -> Result<T, FetchError> {
         .await
 }
 
-/// Sends one request and reads its answer: (envelope, payload).
+/// Sends one request and reads its answer: the envelope, and the payload's
+/// length, read into the front of `payload` (grown as needed, never
+/// cleared: a buffer is reused from fetch to fetch).
 async fn round_trip(
     conn: &mut TcpStream,
     request: &[u8],
     limits: &FrameLimits,
-) -> Result<(Vec<u8>, Vec<u8>), FetchError> {
+    payload: &mut Vec<u8>,
+) -> Result<(Vec<u8>, usize), FetchError> {
     timed(conn.write_all(request)).await??;
     let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
     timed(conn.read_exact(&mut prefix)).await??;
@@ -177,12 +226,37 @@ async fn round_trip(
     check_answer(frame.error(), frame.error_message())?;
     let payload_len = frame.payload_bytes();
     limits.check_payload_len(payload_len).map_err(|e| FetchError::Protocol(e.to_string()))?;
-    let mut payload = vec![0u8; payload_len as usize];
-    timed(conn.read_exact(&mut payload)).await??;
-    Ok((header, payload))
+    let n = payload_len as usize;
+    if payload.len() < n {
+        payload.resize(n, 0);
+    }
+    timed(conn.read_exact(&mut payload[..n])).await??;
+    Ok((header, n))
 }
 
-fn encode_replica_fetch(corr: u32, topic: &str, partition: u32, me: i32, from: u64, epoch: i32) -> Vec<u8> {
+/// Where a replica fetch reads from and what it tells the leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ask {
+    from: u64,
+    /// This log's written end (the leader's view of this follower).
+    log_end: u64,
+    epoch: i32,
+    max_wait_ms: u32,
+}
+
+impl Ask {
+    /// From the log end: the leader may hold it until data comes.
+    fn at(log_end: u64, epoch: i32) -> Ask {
+        Ask { from: log_end, log_end, epoch, max_wait_ms: FETCH_MAX_WAIT_MS }
+    }
+
+    /// From past the log end while an append runs: answered at once.
+    fn ahead(from: u64, log_end: u64, epoch: i32) -> Ask {
+        Ask { from, log_end, epoch, max_wait_ms: 0 }
+    }
+}
+
+fn encode_replica_fetch(corr: u32, topic: &str, partition: u32, me: i32, ask: Ask) -> Vec<u8> {
     let mut fbb = FlatBufferBuilder::with_capacity(256);
     let t = fbb.create_string(topic);
     let part = wire::FetchPartition::create(
@@ -190,9 +264,10 @@ fn encode_replica_fetch(corr: u32, topic: &str, partition: u32, me: i32, from: u
         &wire::FetchPartitionArgs {
             topic: Some(t),
             partition,
-            fetch_offset: from as i64,
+            fetch_offset: ask.from as i64,
             partition_max_bytes: FETCH_BYTES,
-            current_leader_epoch: epoch,
+            current_leader_epoch: ask.epoch,
+            replica_log_end: ask.log_end as i64,
         },
     );
     let partitions = fbb.create_vector(&[part]);
@@ -200,7 +275,7 @@ fn encode_replica_fetch(corr: u32, topic: &str, partition: u32, me: i32, from: u
         &mut fbb,
         &wire::FetchRequestArgs {
             replica_id: me,
-            max_wait_ms: FETCH_MAX_WAIT_MS,
+            max_wait_ms: ask.max_wait_ms,
             min_bytes: 1,
             max_bytes: FETCH_BYTES,
             partitions: Some(partitions),

@@ -231,6 +231,7 @@ impl Conn {
                         fetch_offset: offset,
                         partition_max_bytes: 1 << 20,
                         current_leader_epoch: -1,
+                        replica_log_end: -1,
                     },
                 );
                 let ps = fbb.create_vector(&[p]);

@@ -163,6 +163,7 @@ fn fetch_body(fbb: &mut FlatBufferBuilder<'static>) -> WIPOffset<UnionWIPOffset>
             fetch_offset: 42,
             partition_max_bytes: 1 << 20,
             current_leader_epoch: -1,
+            replica_log_end: -1,
         },
     );
     let partitions = fbb.create_vector(&[p]);

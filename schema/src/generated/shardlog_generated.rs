@@ -3651,6 +3651,7 @@ impl<'a> FetchPartition<'a> {
   pub const VT_FETCH_OFFSET: ::flatbuffers::VOffsetT = 8;
   pub const VT_PARTITION_MAX_BYTES: ::flatbuffers::VOffsetT = 10;
   pub const VT_CURRENT_LEADER_EPOCH: ::flatbuffers::VOffsetT = 12;
+  pub const VT_REPLICA_LOG_END: ::flatbuffers::VOffsetT = 14;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -3662,6 +3663,7 @@ impl<'a> FetchPartition<'a> {
     args: &'args FetchPartitionArgs<'args>
   ) -> ::flatbuffers::WIPOffset<FetchPartition<'bldr>> {
     let mut builder = FetchPartitionBuilder::new(_fbb);
+    builder.add_replica_log_end(args.replica_log_end);
     builder.add_fetch_offset(args.fetch_offset);
     builder.add_current_leader_epoch(args.current_leader_epoch);
     builder.add_partition_max_bytes(args.partition_max_bytes);
@@ -3708,6 +3710,17 @@ impl<'a> FetchPartition<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<i32>(FetchPartition::VT_CURRENT_LEADER_EPOCH, Some(-1)).unwrap()}
   }
+  /// A follower's log end: what it has written (-1: `fetch_offset`). A
+  /// follower that fetches ahead while it writes what it fetched last asks
+  /// from past its log end; the leader counts only this for the ISR and
+  /// the high watermark.
+  #[inline]
+  pub fn replica_log_end(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(FetchPartition::VT_REPLICA_LOG_END, Some(-1)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for FetchPartition<'_> {
@@ -3721,6 +3734,7 @@ impl ::flatbuffers::Verifiable for FetchPartition<'_> {
      .visit_field::<i64>("fetch_offset", Self::VT_FETCH_OFFSET, false)?
      .visit_field::<u32>("partition_max_bytes", Self::VT_PARTITION_MAX_BYTES, false)?
      .visit_field::<i32>("current_leader_epoch", Self::VT_CURRENT_LEADER_EPOCH, false)?
+     .visit_field::<i64>("replica_log_end", Self::VT_REPLICA_LOG_END, false)?
      .finish();
     Ok(())
   }
@@ -3731,6 +3745,7 @@ pub struct FetchPartitionArgs<'a> {
     pub fetch_offset: i64,
     pub partition_max_bytes: u32,
     pub current_leader_epoch: i32,
+    pub replica_log_end: i64,
 }
 impl<'a> Default for FetchPartitionArgs<'a> {
   #[inline]
@@ -3741,6 +3756,7 @@ impl<'a> Default for FetchPartitionArgs<'a> {
       fetch_offset: 0,
       partition_max_bytes: 1048576,
       current_leader_epoch: -1,
+      replica_log_end: -1,
     }
   }
 }
@@ -3771,6 +3787,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> FetchPartitionBuilder<'a, 'b,
     self.fbb_.push_slot::<i32>(FetchPartition::VT_CURRENT_LEADER_EPOCH, current_leader_epoch, -1);
   }
   #[inline]
+  pub fn add_replica_log_end(&mut self, replica_log_end: i64) {
+    self.fbb_.push_slot::<i64>(FetchPartition::VT_REPLICA_LOG_END, replica_log_end, -1);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> FetchPartitionBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     FetchPartitionBuilder {
@@ -3793,6 +3813,7 @@ impl ::core::fmt::Debug for FetchPartition<'_> {
       ds.field("fetch_offset", &self.fetch_offset());
       ds.field("partition_max_bytes", &self.partition_max_bytes());
       ds.field("current_leader_epoch", &self.current_leader_epoch());
+      ds.field("replica_log_end", &self.replica_log_end());
       ds.finish()
   }
 }
