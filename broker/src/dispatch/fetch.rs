@@ -318,3 +318,16 @@ fn fetch_response(corr: u32, parts: Vec<FetchPart>) -> Outgoing {
         response(&mut fbb, corr, ApiKey::Fetch, wire::ResponseBody::FetchResponse, body, payload as u32);
     Outgoing::Data { header, chunks }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::replica_log_end;
+
+    #[test]
+    fn a_follower_is_credited_with_what_it_has_written_never_more_than_it_asks_from() {
+        assert_eq!(replica_log_end(500, -1), 500, "no log end named: the fetch offset, as before");
+        assert_eq!(replica_log_end(500, 300), 300, "fetching ahead: only what it has written");
+        assert_eq!(replica_log_end(500, 900), 500, "a log end past the fetch offset is not believed");
+        assert_eq!(replica_log_end(-7, 3), 0, "a negative fetch offset counts as 0");
+    }
+}

@@ -11,17 +11,20 @@
 //!    watermark; again, until told to stop (a new role) or until something
 //!    goes wrong, which goes back to 1 after a pause.
 //!
-//! **Pipelining.** An answer of at least [`PIPELINE_BYTES`] means a
-//! backlog: the next fetch (from just past that answer) goes out while
-//! the answer is appended, so the leader's read, the transfer and this
-//! log's write overlap. Such a fetch names this log's written end apart
-//! (`replica_log_end`): the leader counts only what a follower has written
-//! for the ISR and the high watermark. It asks the leader not to wait
-//! (`max_wait_ms` 0): a held fetch would keep the leader from learning of
-//! the write for as long as it is held. A smaller answer is appended
-//! before the next fetch, which then reports it at once, so `acks=all`
-//! waits no longer than without pipelining. Appends stay one at a time, in
-//! order.
+//! **Pipelining.** An answer of at least [`PIPELINE_BYTES`] that ends
+//! below the leader's high watermark means a backlog (the leader has
+//! acknowledged more than it sent, so this replica is out of the ISR and
+//! catching up): the next fetch, from just past that answer, goes out
+//! while the answer is appended, so the leader's read, the transfer and
+//! this log's write overlap. Such a fetch names this log's written end
+//! apart (`replica_log_end`): the leader counts only what a follower has
+//! written for the ISR and the high watermark. It asks the leader not to
+//! wait (`max_wait_ms` 0): a held fetch would keep the leader from learning
+//! of the write for as long as it is held. Any other answer is appended
+//! before the next fetch, which then reports it at once: an in-sync
+//! follower (the high watermark waits for it, so it never lies below) works
+//! as without pipelining, and `acks=all` waits no longer. Appends stay one
+//! at a time, in order.
 //!
 //! The leader epoch in every request fences both sides: a leader with
 //! another epoch answers `FencedLeaderEpoch`, and the follower waits for
@@ -178,11 +181,8 @@ async fn follow_round(
             return Err(FetchError::Protocol("answer shorter than it says".into()));
         }
         leader_hw = part.high_watermark().max(0) as u64;
-        if bytes >= PIPELINE_BYTES {
-            let next = u64::try_from(part.last_offset())
-                .ok()
-                .and_then(|last| last.checked_add(1))
-                .ok_or_else(|| FetchError::Protocol("data without a last offset".into()))?;
+        let next = u64::try_from(part.last_offset()).ok().and_then(|last| last.checked_add(1));
+        if let Some(next) = next.filter(|&next| bytes >= PIPELINE_BYTES && next < leader_hw) {
             std::mem::swap(&mut receiving, &mut appending);
             held = Some((bytes, next));
             continue;
