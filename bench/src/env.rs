@@ -97,7 +97,15 @@ pub fn report_base(
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
     std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
     let date = crate::report::utc_date(now);
-    Ok(ReportName { base: out.join(format!("{date}-{sha}-{name}")), date, sha })
+    // Reports are append-only: a second run of the day gets `-2`, and so on.
+    let stem = format!("{date}-{sha}-{name}");
+    let mut base = out.join(&stem);
+    let mut n = 2;
+    while base.with_extension("json").exists() {
+        base = out.join(format!("{stem}-{n}"));
+        n += 1;
+    }
+    Ok(ReportName { base, date, sha })
 }
 
 /// The commit this harness was built from (see `ops/build/git_sha.rs`).

@@ -155,6 +155,25 @@ async fn wait_in_sync(admin: &Admin, topic: &str, broker: i32, within: Duration)
     }
 }
 
+/// Waits until the data disk has been quiet (under 2 MB moved in 250 ms)
+/// for half a second: followers have caught up with what the last closed
+/// loop left them, so it does not compete with the next measurement.
+/// Returns how long that took (at most `within`; `None` without counters).
+fn wait_disk_quiet(device: &str, within: Duration) -> Option<Duration> {
+    const STEP: Duration = Duration::from_millis(250);
+    let t0 = Instant::now();
+    let mut last = env::DiskCounters::read(device)?;
+    let mut quiet_steps = 0;
+    while quiet_steps < 2 && t0.elapsed() < within {
+        std::thread::sleep(STEP);
+        let now = env::DiskCounters::read(device)?;
+        let moved = now.since(last);
+        quiet_steps = if moved.read_bytes + moved.written_bytes < 2_000_000 { quiet_steps + 1 } else { 0 };
+        last = now;
+    }
+    Some(t0.elapsed())
+}
+
 pub fn run(a: &ReplicationArgs) -> anyhow::Result<()> {
     let Setup { bin, ensemble, root, rt, connect } = setup(a.broker_bin.as_deref())?;
     let mut brokers: BTreeMap<i32, (Broker, crate::broker::SpawnOptions)> = BTreeMap::new();
@@ -181,6 +200,10 @@ pub fn run(a: &ReplicationArgs) -> anyhow::Result<()> {
     let mut throughput = Vec::new();
     let mut disk_io = Vec::new();
     for (label, topic, acks) in cases {
+        // The followers of an acks=1 loop are still behind when it ends.
+        if let Some(waited) = wait_disk_quiet(&device, Duration::from_secs(120)) {
+            eprintln!("replication: disk quiet after {waited:?}");
+        }
         eprintln!("replication: throughput, {label}");
         let before = disk_now();
         throughput.push(rt.block_on(produce(&bootstrap, topic, a.seconds, a.record_bytes, &pids, acks))?);
@@ -188,6 +211,7 @@ pub fn run(a: &ReplicationArgs) -> anyhow::Result<()> {
     }
     // Let the disk settle after the closed loops (their writes are still
     // draining) so the paced runs measure the broker, not the backlog.
+    wait_disk_quiet(&device, Duration::from_secs(120));
     std::thread::sleep(Duration::from_secs(a.settle_s));
     let mut latency = Vec::new();
     for (label, topic, acks) in cases {
@@ -226,6 +250,11 @@ pub fn run(a: &ReplicationArgs) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     let backlog_bytes = rt.block_on(backlog(&live, "catchup", a.backlog_mb, a.record_bytes))?;
+    // Brokers 1 and 2 follow each other's partitions too: let them catch
+    // up on the backlog first, so only broker 3's catch-up is measured.
+    if let Some(waited) = wait_disk_quiet(&device, Duration::from_secs(120)) {
+        eprintln!("replication: disk quiet after {waited:?}");
+    }
     let restart = Instant::now();
     let b3 = Broker::spawn(&opts3)?;
     let started = restart.elapsed();
@@ -356,7 +385,8 @@ fn write_report(
          `shardlog-bench replication`: a real 3-node ZooKeeper ensemble (Debian's package, 128 MiB heaps) and 3 \
          `shardlog serve` brokers of one shard each, session timeout {} ms, all on this 2-core machine with the load \
          generator. Every replica of RF 3 is on this machine, so each produced byte is written three times to the same \
-         disk and crosses loopback twice more: this measures the cost on one box, not on three.\n\n\
+         disk and crosses loopback twice more: this measures the cost on one box, not on three. Each measurement starts \
+         once the data disk has been quiet for 0.5 s (the followers of the previous closed loop caught up).\n\n\
          ## Throughput (one producer, closed loop, {} B keyed records over {} partitions, {} s each; memcpy {:.1} GB/s)\n\n\
          | set-up | records/s | bytes/s | bytes written to disk (x RF) / fio's O_DIRECT write | bytes read from disk / bytes produced | ratio | client CPU per record | broker CPU per record (all 3 brokers) |\n\
          |---|---|---|---|---|---|---|---|\n{rows}\n\
