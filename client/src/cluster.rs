@@ -140,6 +140,16 @@ impl Cluster {
         Err(last.unwrap_or_else(|| ClientError::Config("no bootstrap address".into())))
     }
 
+    /// Moves on from the bootstrap address that answered last: the next
+    /// metadata request tries the one after it first (that broker held a
+    /// request too long).
+    pub fn skip_bootstrap(&self) {
+        use std::sync::atomic::Ordering;
+        let n = self.bootstrap_addrs().len().max(1);
+        let at = self.bootstrap_at.load(Ordering::Relaxed);
+        self.bootstrap_at.store((at + 1) % n, Ordering::Relaxed);
+    }
+
     /// The cached metadata.
     pub fn metadata(&self) -> Arc<ClusterMetadata> {
         self.metadata.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()

@@ -446,6 +446,41 @@ impl Core {
         }
     }
 
+    /// Moves the batches waiting for `addr` whose partitions the cached
+    /// metadata shows leading elsewhere now to their new leader's queue, in
+    /// front of anything there (they are older), keeping their order;
+    /// batches still open are sealed to go there. Returns how many moved.
+    pub(super) fn move_off(&self, addr: &str) -> usize {
+        let md = self.ctx.cluster.metadata();
+        let new_home =
+            |topic: &str, partition: u32| md.leader_addr(topic, partition).ok().filter(|a| a != addr);
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let Some(q) = state.senders.get_mut(addr) else { return 0 };
+        let (go, stay): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut q.ready).into_iter().partition(|(t, p, _)| new_home(t, *p).is_some());
+        q.ready = stay;
+        let mut moving: Vec<(String, SealedBatch)> = Vec::new();
+        for b in std::mem::take(&mut q.sealed) {
+            match new_home(&b.topic, b.partition) {
+                Some(to) => moving.push((to, b)),
+                None => q.sealed.push_back(b),
+            }
+        }
+        let moved = moving.len() + go.len();
+        for (to, b) in moving.into_iter().rev() {
+            let q = self.queue(state, to);
+            q.sealed.push_front(b);
+            q.wake.notify_one();
+        }
+        for (topic, partition, id) in go {
+            if state.is_open(&topic, partition, id) {
+                self.seal(state, &topic, partition);
+            }
+        }
+        moved
+    }
+
     /// Whether the sender of `addr` has something to send.
     pub(super) fn work(&self, addr: &str) -> Work {
         let state = self.lock();

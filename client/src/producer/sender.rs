@@ -2,6 +2,17 @@
 //! in-flight slot on its connection, then seals its ready batches, turns its
 //! sealed batches into one pipelined produce request, and completes each
 //! batch's records from the response.
+//!
+//! A request left unanswered for [`LEADER_CHECK_INTERVAL`] makes its
+//! completion task look, once per interval, where its partitions lead now.
+//! A leader frozen past its ZooKeeper session (a zombie) holds its requests
+//! until the request timeout; once the cluster has elected another leader,
+//! the request is given up as `NotLeaderOrFollower` and its batches retried
+//! there, and batches still queued for it (its sender waits for an
+//! in-flight slot) move to the new leader's queue (`Core::move_off`). That is as safe as a timeout: the zombie cannot acknowledge
+//! anything (its followers follow the new leader, which truncates it when it
+//! comes back), and with idempotence a batch the new leader already holds is
+//! answered as the duplicate it is.
 
 use super::accumulator::{Core, Numbering, Work};
 use super::completion::{Completion, Landed};
@@ -9,12 +20,17 @@ use crate::cluster::Cluster;
 use crate::config::{Acks, ProducerConfig};
 use crate::conn::ResponseFuture;
 use crate::error::{ClientError, Result};
+use crate::protocol::RawResponse;
 use crate::protocol::{self, ProduceEntry, ProduceResult};
 use bytes::Bytes;
 use shardlog_schema::{batch, ErrorCode};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Notify, Semaphore};
+
+/// How long a produce request may go unanswered before its partitions'
+/// leaders are looked up again, and how often after that.
+pub(crate) const LEADER_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What every sender and completion task needs besides the accumulator.
 pub(crate) struct SenderCtx {
@@ -168,6 +184,7 @@ fn encode(ctx: &SenderCtx, client_id: &str, corr: u32, entries: &[Entry]) -> Vec
 /// queue is empty.
 pub(crate) async fn send_loop(core: Arc<Core>, addr: String, wake: Arc<Notify>) {
     let ctx = &core.ctx;
+    let shared_addr: Arc<str> = addr.as_str().into();
     loop {
         match core.work(&addr) {
             Work::Some => {}
@@ -188,7 +205,14 @@ pub(crate) async fn send_loop(core: Arc<Core>, addr: String, wake: Arc<Notify>) 
         };
         if ctx.expects_response() {
             // Ready batches keep growing while every in-flight slot is busy.
-            conn.wait_for_slot().await;
+            // A broker that holds every slot this long may be frozen: what
+            // waits for it and now leads elsewhere goes there.
+            while tokio::time::timeout(LEADER_CHECK_INTERVAL, conn.wait_for_slot()).await.is_err() {
+                let moved = core.move_off(&addr);
+                if moved > 0 {
+                    tracing::debug!(addr = %addr, moved, "batches moved to their partitions' new leaders");
+                }
+            }
         }
         let mut batches = core.take_request(&addr);
         if batches.is_empty() {
@@ -211,7 +235,7 @@ pub(crate) async fn send_loop(core: Arc<Core>, addr: String, wake: Arc<Notify>) 
                 }
             }
             Ok(response) => {
-                tokio::spawn(complete(core.clone(), response, entries));
+                tokio::spawn(complete(core.clone(), response, shared_addr.clone(), entries));
             }
             Err(e) => {
                 tokio::spawn(retry_batches(core.clone(), flatten(entries), Some(e)));
@@ -229,9 +253,11 @@ fn partition_error(r: &ProduceResult) -> ClientError {
 }
 
 /// Waits for one produce response and resolves its batches; retriable
-/// failures go to the retry path.
-async fn complete(core: Arc<Core>, response: ResponseFuture, entries: Vec<Entry>) {
-    let results = match response.wait(Duration::ZERO).await.and_then(|raw| protocol::decode_produce(&raw)) {
+/// failures (and a request given up because a leader moved) go to the
+/// retry path.
+async fn complete(core: Arc<Core>, response: ResponseFuture, addr: Arc<str>, entries: Vec<Entry>) {
+    let answer = answer_unless_moved(&core, response, &addr, &entries).await;
+    let results = match answer.and_then(|raw| protocol::decode_produce(&raw)) {
         Ok(r) => r,
         Err(e) if core.ctx.retriable(&e) => return retry_batches(core, flatten(entries), Some(e)).await,
         Err(e) => {
@@ -274,6 +300,56 @@ async fn complete(core: Arc<Core>, response: ResponseFuture, entries: Vec<Entry>
     }
     if !retry.is_empty() {
         retry_batches(core, retry, retry_err).await;
+    }
+}
+
+/// The response to a request sent to `addr`, unless one of its partitions
+/// is found leading elsewhere while it goes unanswered (see the module
+/// docs): then `NotLeaderOrFollower`, a retriable error.
+async fn answer_unless_moved(
+    core: &Core,
+    response: ResponseFuture,
+    addr: &str,
+    entries: &[Entry],
+) -> Result<RawResponse> {
+    let answer = response.wait(Duration::ZERO);
+    tokio::pin!(answer);
+    loop {
+        tokio::select! {
+            biased;
+            r = &mut answer => return r,
+            () = tokio::time::sleep(LEADER_CHECK_INTERVAL) => {}
+        }
+        let mut topics: Vec<String> = entries.iter().map(|e| e.topic.to_string()).collect();
+        topics.dedup();
+        let cluster = &core.ctx.cluster;
+        // A refresh that a hung broker holds is given up after one
+        // interval; the next asks another broker.
+        let lookup = tokio::time::timeout(LEADER_CHECK_INTERVAL, cluster.refresh(Some(&topics)));
+        let md = tokio::select! {
+            biased;
+            r = &mut answer => return r,
+            md = lookup => md,
+        };
+        match md {
+            Ok(Ok(md)) => {
+                if let Some((e, now)) = entries.iter().find_map(|e| {
+                    md.leader_addr(&e.topic, e.partition).ok().filter(|now| now != addr).map(|now| (e, now))
+                }) {
+                    tracing::debug!(topic = %e.topic, partition = e.partition, from = addr, to = %now,
+                        "leader moved while a produce request went unanswered; retrying there");
+                    return Err(ClientError::broker(
+                        ErrorCode::NotLeaderOrFollower,
+                        Some(&format!(
+                            "{}/{} now leads at {now}; the request to {addr} went unanswered",
+                            e.topic, e.partition
+                        )),
+                    ));
+                }
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "leader look-up for an unanswered request failed"),
+            Err(_) => cluster.skip_bootstrap(),
+        }
     }
 }
 
