@@ -114,12 +114,25 @@ impl Cluster {
         F: Fn(Connection) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
+        self.on_bootstrap_avoiding(None, call).await
+    }
+
+    /// [`Self::on_bootstrap`], trying the bootstrap address `avoid` (a
+    /// broker holding a request too long) last.
+    async fn on_bootstrap_avoiding<T, F, Fut>(&self, avoid: Option<&str>, call: F) -> Result<T>
+    where
+        F: Fn(Connection) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
         use std::sync::atomic::Ordering;
         let addrs = self.bootstrap_addrs();
         let start = self.bootstrap_at.load(Ordering::Relaxed);
+        let mut order: Vec<usize> = (0..addrs.len()).map(|i| (start + i) % addrs.len()).collect();
+        if let Some(avoid) = avoid {
+            order.sort_by_key(|&at| addrs[at] == avoid);
+        }
         let mut last = None;
-        for i in 0..addrs.len() {
-            let at = (start + i) % addrs.len();
+        for at in order {
             let outcome = match self.connection(&addrs[at]).await {
                 Ok(conn) => call(conn).await,
                 Err(e) => Err(e),
@@ -140,16 +153,6 @@ impl Cluster {
         Err(last.unwrap_or_else(|| ClientError::Config("no bootstrap address".into())))
     }
 
-    /// Moves on from the bootstrap address that answered last: the next
-    /// metadata request tries the one after it first (that broker held a
-    /// request too long).
-    pub fn skip_bootstrap(&self) {
-        use std::sync::atomic::Ordering;
-        let n = self.bootstrap_addrs().len().max(1);
-        let at = self.bootstrap_at.load(Ordering::Relaxed);
-        self.bootstrap_at.store((at + 1) % n, Ordering::Relaxed);
-    }
-
     /// The cached metadata.
     pub fn metadata(&self) -> Arc<ClusterMetadata> {
         self.metadata.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
@@ -157,8 +160,16 @@ impl Cluster {
 
     /// Fetches metadata (for `topics`, or all) without touching the cache.
     pub async fn fetch_metadata(&self, topics: Option<&[String]>) -> Result<ClusterMetadata> {
+        self.fetch_metadata_avoiding(topics, None).await
+    }
+
+    async fn fetch_metadata_avoiding(
+        &self,
+        topics: Option<&[String]>,
+        avoid: Option<&str>,
+    ) -> Result<ClusterMetadata> {
         let client_id = &self.config.client_id;
-        self.on_bootstrap(|conn| async move {
+        self.on_bootstrap_avoiding(avoid, |conn| async move {
             let raw =
                 conn.call(|corr| protocol::encode_metadata(corr, client_id, topics), Vec::new()).await?;
             protocol::decode_metadata(&raw)
@@ -169,7 +180,39 @@ impl Cluster {
     /// Refreshes the cache: all topics when `None`, else only those named
     /// (topics the broker no longer knows are dropped from the cache).
     pub async fn refresh(&self, topics: Option<&[String]>) -> Result<Arc<ClusterMetadata>> {
-        let fresh = self.fetch_metadata(topics).await?;
+        self.refresh_avoiding(topics, None).await
+    }
+
+    /// [`Self::refresh`], asking the broker that owns the shard address
+    /// `stalled` last: it holds a request too long, and may be frozen.
+    pub async fn refresh_around(
+        &self,
+        topics: Option<&[String]>,
+        stalled: &str,
+    ) -> Result<Arc<ClusterMetadata>> {
+        let avoid = self.broker_addr_of(stalled);
+        self.refresh_avoiding(topics, avoid.as_deref()).await
+    }
+
+    /// The public address of the broker one of whose shards listens at
+    /// `shard_addr`, as the cached metadata names it.
+    fn broker_addr_of(&self, shard_addr: &str) -> Option<String> {
+        let (host, port) = shard_addr.rsplit_once(':')?;
+        let port: u16 = port.parse().ok()?;
+        let md = self.metadata();
+        let b = md
+            .brokers
+            .iter()
+            .find(|b| b.host == host && (b.port == port || b.shard_ports.iter().any(|&(_, p)| p == port)))?;
+        Some(format!("{}:{}", b.host, b.port))
+    }
+
+    async fn refresh_avoiding(
+        &self,
+        topics: Option<&[String]>,
+        avoid: Option<&str>,
+    ) -> Result<Arc<ClusterMetadata>> {
+        let fresh = self.fetch_metadata_avoiding(topics, avoid).await?;
         let mut guard = self.metadata.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let merged = match topics {
             None => fresh,

@@ -88,6 +88,14 @@ pub(crate) struct ResponseFuture {
 }
 
 impl ResponseFuture {
+    /// Marks the connection not to be trusted again (the next caller
+    /// reconnects), as a request timeout does: for a caller that gives the
+    /// request up before its timeout.
+    pub fn distrust_handle(&self) -> impl Fn() + Send + 'static {
+        let closed = self.closed.clone();
+        move || closed.store(true, Ordering::Relaxed)
+    }
+
     /// Waits for the response, up to the request timeout (plus `extra`, for
     /// long-polling fetches).
     pub async fn wait(self, extra: Duration) -> Result<RawResponse> {

@@ -446,36 +446,67 @@ impl Core {
         }
     }
 
-    /// Moves the batches waiting for `addr` whose partitions the cached
-    /// metadata shows leading elsewhere now to their new leader's queue, in
-    /// front of anything there (they are older), keeping their order;
-    /// batches still open are sealed to go there. Returns how many moved.
+    /// Moves what waits for `addr` (sealed batches, and open batches whose
+    /// linger is over) to the queue of its partition's new leader when the
+    /// cached metadata shows one elsewhere and nothing earlier of that
+    /// partition is in flight or being retried (every outstanding batch of
+    /// it waits here): moved batches go in front of that queue, in order, so
+    /// no batch overtakes an earlier one of its partition. Returns how many
+    /// moved.
     pub(super) fn move_off(&self, addr: &str) -> usize {
         let md = self.ctx.cluster.metadata();
-        let new_home =
-            |topic: &str, partition: u32| md.leader_addr(topic, partition).ok().filter(|a| a != addr);
         let mut guard = self.lock();
         let state = &mut *guard;
-        let Some(q) = state.senders.get_mut(addr) else { return 0 };
-        let (go, stay): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut q.ready).into_iter().partition(|(t, p, _)| new_home(t, *p).is_some());
-        q.ready = stay;
-        let mut moving: Vec<(String, SealedBatch)> = Vec::new();
+        let Some(q) = state.senders.get(addr) else { return 0 };
+        let mut queued: HashMap<(Arc<str>, u32), usize> = HashMap::new();
+        for b in &q.sealed {
+            *queued.entry((b.topic.clone(), b.partition)).or_default() += 1;
+        }
+        let partitions =
+            q.sealed.iter().map(|b| (&b.topic, b.partition)).chain(q.ready.iter().map(|(t, p, _)| (t, *p)));
+        let mut homes: HashMap<(Arc<str>, u32), String> = HashMap::new();
+        for (topic, partition) in partitions {
+            let key = (topic.clone(), partition);
+            if homes.contains_key(&key) {
+                continue;
+            }
+            let outstanding =
+                state.topics.get(topic).map_or(0, |t| t.partitions[partition as usize].outstanding);
+            if outstanding != queued.get(&key).copied().unwrap_or(0) {
+                continue; // an earlier batch is in flight or being retried
+            }
+            if let Some(home) = md.leader_addr(topic, partition).ok().filter(|a| a != addr) {
+                homes.insert(key, home);
+            }
+        }
+        if homes.is_empty() {
+            return 0;
+        }
+        let q = state.senders.get_mut(addr).expect("looked up above");
+        let mut sealed = Vec::new();
         for b in std::mem::take(&mut q.sealed) {
-            match new_home(&b.topic, b.partition) {
-                Some(to) => moving.push((to, b)),
+            match homes.get(&(b.topic.clone(), b.partition)) {
+                Some(home) => sealed.push((home.clone(), b)),
                 None => q.sealed.push_back(b),
             }
         }
-        let moved = moving.len() + go.len();
-        for (to, b) in moving.into_iter().rev() {
-            let q = self.queue(state, to);
-            q.sealed.push_front(b);
-            q.wake.notify_one();
+        let mut ready = Vec::new();
+        for r in std::mem::take(&mut q.ready) {
+            match homes.get(&(r.0.clone(), r.1)) {
+                Some(home) => ready.push((home.clone(), r)),
+                None => q.ready.push(r),
+            }
         }
-        for (topic, partition, id) in go {
-            if state.is_open(&topic, partition, id) {
-                self.seal(state, &topic, partition);
+        let moved = sealed.len() + ready.len();
+        for (home, b) in sealed.into_iter().rev() {
+            self.queue(state, home).sealed.push_front(b);
+        }
+        for (home, r) in ready {
+            self.queue(state, home).ready.push(r);
+        }
+        for home in homes.values() {
+            if let Some(q) = state.senders.get(home) {
+                q.wake.notify_one();
             }
         }
         moved

@@ -4,15 +4,19 @@
 //! batch's records from the response.
 //!
 //! A request left unanswered for [`LEADER_CHECK_INTERVAL`] makes its
-//! completion task look, once per interval, where its partitions lead now.
-//! A leader frozen past its ZooKeeper session (a zombie) holds its requests
-//! until the request timeout; once the cluster has elected another leader,
-//! the request is given up as `NotLeaderOrFollower` and its batches retried
-//! there, and batches still queued for it (its sender waits for an
-//! in-flight slot) move to the new leader's queue (`Core::move_off`). That is as safe as a timeout: the zombie cannot acknowledge
-//! anything (its followers follow the new leader, which truncates it when it
-//! comes back), and with idempotence a batch the new leader already holds is
-//! answered as the duplicate it is.
+//! completion task look where its partitions lead now (metadata asked of
+//! another broker first), then again an interval after each answer. A
+//! leader frozen past its ZooKeeper session (a zombie) holds its requests
+//! until the request timeout; once the cluster has elected other leaders
+//! for every partition of a request, the request is given up as
+//! `NotLeaderOrFollower`, its connection is not trusted again (as after a
+//! timeout), and its batches are retried there. Batches still queued for
+//! the zombie (its sender waits for an in-flight slot) move to the new
+//! leader's queue once nothing earlier of their partition is in flight or
+//! being retried (`Core::move_off`), so they never overtake it. The zombie
+//! cannot acknowledge anything (its followers follow the new leader, which
+//! truncates it when it comes back); with idempotence a batch the new
+//! leader already holds is answered as the duplicate it is.
 
 use super::accumulator::{Core, Numbering, Work};
 use super::completion::{Completion, Landed};
@@ -303,15 +307,20 @@ async fn complete(core: Arc<Core>, response: ResponseFuture, addr: Arc<str>, ent
     }
 }
 
-/// The response to a request sent to `addr`, unless one of its partitions
-/// is found leading elsewhere while it goes unanswered (see the module
-/// docs): then `NotLeaderOrFollower`, a retriable error.
+/// The response to a request sent to `addr`, unless every one of its
+/// partitions is found leading elsewhere while it goes unanswered (see the
+/// module docs): then `NotLeaderOrFollower`, a retriable error, and the
+/// connection is not trusted again (as after a timeout). A request with a
+/// partition still led at `addr` waits for its answer or its timeout: that
+/// broker may only be slow, and sending its batches again would duplicate
+/// them.
 async fn answer_unless_moved(
     core: &Core,
     response: ResponseFuture,
     addr: &str,
     entries: &[Entry],
 ) -> Result<RawResponse> {
+    let distrust = response.distrust_handle();
     let answer = response.wait(Duration::ZERO);
     tokio::pin!(answer);
     loop {
@@ -322,33 +331,34 @@ async fn answer_unless_moved(
         }
         let mut topics: Vec<String> = entries.iter().map(|e| e.topic.to_string()).collect();
         topics.dedup();
-        let cluster = &core.ctx.cluster;
-        // A refresh that a hung broker holds is given up after one
-        // interval; the next asks another broker.
-        let lookup = tokio::time::timeout(LEADER_CHECK_INTERVAL, cluster.refresh(Some(&topics)));
+        // Asked of another broker first: the one holding this request may
+        // be frozen, and would hold the look-up too.
+        let lookup = core.ctx.cluster.refresh_around(Some(&topics), addr);
         let md = tokio::select! {
             biased;
             r = &mut answer => return r,
             md = lookup => md,
         };
         match md {
-            Ok(Ok(md)) => {
-                if let Some((e, now)) = entries.iter().find_map(|e| {
-                    md.leader_addr(&e.topic, e.partition).ok().filter(|now| now != addr).map(|now| (e, now))
-                }) {
-                    tracing::debug!(topic = %e.topic, partition = e.partition, from = addr, to = %now,
-                        "leader moved while a produce request went unanswered; retrying there");
+            Ok(md) => {
+                let moved = entries
+                    .iter()
+                    .all(|e| md.leader_addr(&e.topic, e.partition).is_ok_and(|now| now != addr));
+                if moved {
+                    let e = &entries[0];
+                    tracing::debug!(topic = %e.topic, partition = e.partition, from = addr,
+                        "every partition of an unanswered produce request leads elsewhere now; retrying there");
+                    distrust();
                     return Err(ClientError::broker(
                         ErrorCode::NotLeaderOrFollower,
                         Some(&format!(
-                            "{}/{} now leads at {now}; the request to {addr} went unanswered",
+                            "{}/{} and the request's other partitions lead elsewhere now; the request to {addr} went unanswered",
                             e.topic, e.partition
                         )),
                     ));
                 }
             }
-            Ok(Err(e)) => tracing::debug!(error = %e, "leader look-up for an unanswered request failed"),
-            Err(_) => cluster.skip_bootstrap(),
+            Err(e) => tracing::debug!(error = %e, "leader look-up for an unanswered request failed"),
         }
     }
 }
