@@ -205,7 +205,6 @@ pub struct ProcSample {
     pub cpu_sys_s: f64,
 }
 
-/// Reads `/proc/<pid>/stat` (CPU time) and `/proc/<pid>/statm` (RSS).
 /// A block device's cumulative I/O, from `/proc/diskstats`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct DiskCounters {
@@ -248,6 +247,7 @@ fn parse_diskstats(text: &str, name: &str) -> Option<DiskCounters> {
     })
 }
 
+/// Reads `/proc/<pid>/stat` (CPU time) and `/proc/<pid>/statm` (RSS).
 /// `None` when the process is gone.
 #[must_use]
 pub fn sample_proc(pid: u32, t_s: f64) -> Option<ProcSample> {

@@ -158,7 +158,8 @@ async fn wait_in_sync(admin: &Admin, topic: &str, broker: i32, within: Duration)
 /// Waits until the data disk has been quiet (under 2 MB moved in 250 ms)
 /// for half a second: followers have caught up with what the last closed
 /// loop left them, so it does not compete with the next measurement.
-/// Returns how long that took (at most `within`; `None` without counters).
+/// Returns how long that took; `None` without counters or when the disk
+/// was still busy after `within` (the caller says so and goes on).
 fn wait_disk_quiet(device: &str, within: Duration) -> Option<Duration> {
     const STEP: Duration = Duration::from_millis(250);
     let t0 = Instant::now();
@@ -171,7 +172,17 @@ fn wait_disk_quiet(device: &str, within: Duration) -> Option<Duration> {
         quiet_steps = if moved.read_bytes + moved.written_bytes < 2_000_000 { quiet_steps + 1 } else { 0 };
         last = now;
     }
-    Some(t0.elapsed())
+    (quiet_steps >= 2).then(|| t0.elapsed())
+}
+
+/// [`wait_disk_quiet`] for up to 120 s, saying how it went.
+fn report_quiet(device: &str) {
+    match wait_disk_quiet(device, Duration::from_secs(120)) {
+        Some(waited) => eprintln!("replication: disk quiet after {waited:?}"),
+        None => eprintln!(
+            "replication: the data disk did not go quiet within 120 s (or has no counters); going on"
+        ),
+    }
 }
 
 pub fn run(a: &ReplicationArgs) -> anyhow::Result<()> {
@@ -201,9 +212,7 @@ pub fn run(a: &ReplicationArgs) -> anyhow::Result<()> {
     let mut disk_io = Vec::new();
     for (label, topic, acks) in cases {
         // The followers of an acks=1 loop are still behind when it ends.
-        if let Some(waited) = wait_disk_quiet(&device, Duration::from_secs(120)) {
-            eprintln!("replication: disk quiet after {waited:?}");
-        }
+        report_quiet(&device);
         eprintln!("replication: throughput, {label}");
         let before = disk_now();
         throughput.push(rt.block_on(produce(&bootstrap, topic, a.seconds, a.record_bytes, &pids, acks))?);
@@ -211,7 +220,7 @@ pub fn run(a: &ReplicationArgs) -> anyhow::Result<()> {
     }
     // Let the disk settle after the closed loops (their writes are still
     // draining) so the paced runs measure the broker, not the backlog.
-    wait_disk_quiet(&device, Duration::from_secs(120));
+    report_quiet(&device);
     std::thread::sleep(Duration::from_secs(a.settle_s));
     let mut latency = Vec::new();
     for (label, topic, acks) in cases {
@@ -252,9 +261,7 @@ pub fn run(a: &ReplicationArgs) -> anyhow::Result<()> {
     let backlog_bytes = rt.block_on(backlog(&live, "catchup", a.backlog_mb, a.record_bytes))?;
     // Brokers 1 and 2 follow each other's partitions too: let them catch
     // up on the backlog first, so only broker 3's catch-up is measured.
-    if let Some(waited) = wait_disk_quiet(&device, Duration::from_secs(120)) {
-        eprintln!("replication: disk quiet after {waited:?}");
-    }
+    report_quiet(&device);
     let restart = Instant::now();
     let b3 = Broker::spawn(&opts3)?;
     let started = restart.elapsed();
@@ -285,7 +292,6 @@ pub fn run(a: &ReplicationArgs) -> anyhow::Result<()> {
     )
 }
 
-#[allow(clippy::too_many_arguments)]
 /// The catch-up measurement.
 struct CatchUp {
     backlog_bytes: u64,
