@@ -363,11 +363,14 @@ async fn answer_unless_moved(
     }
 }
 
-/// Retries batches one by one (in order) after a backoff and a metadata
-/// refresh, up to `retries` attempts each and no later than
-/// `delivery_timeout` after the batch was sealed.
+/// Retries batches one by one (in order), up to `retries` attempts each and
+/// no later than `delivery_timeout` after the batch was sealed. An attempt
+/// waits out a backoff and refreshes the metadata first, except right after
+/// the batch before it was delivered: the path works again, and a request
+/// given up with many batches must not pay a backoff for each of them.
 pub(crate) async fn retry_batches(core: Arc<Core>, batches: Vec<SealedBatch>, err: Option<ClientError>) {
     let ctx = &core.ctx;
+    let mut path_works = false;
     for mut b in batches {
         let mut last = err.clone();
         loop {
@@ -377,18 +380,25 @@ pub(crate) async fn retry_batches(core: Arc<Core>, batches: Vec<SealedBatch>, er
                 break;
             }
             b.attempts += 1;
-            tokio::time::sleep(ctx.backoff).await;
-            if let Err(e) = ctx.cluster.refresh(Some(&[b.topic.to_string()])).await {
-                tracing::debug!(error = %e, "metadata refresh before retry failed");
+            if !path_works {
+                tokio::time::sleep(ctx.backoff).await;
+                if let Err(e) = ctx.cluster.refresh(Some(&[b.topic.to_string()])).await {
+                    tracing::debug!(error = %e, "metadata refresh before retry failed");
+                }
             }
             b.renumber(&core);
             match send_one(ctx, &b).await {
                 Ok(offsets) => {
+                    path_works = true;
                     b.finish(&core, Ok(offsets));
                     break;
                 }
-                Err(e) if ctx.retriable(&e) => last = Some(e),
+                Err(e) if ctx.retriable(&e) => {
+                    path_works = false;
+                    last = Some(e);
+                }
                 Err(e) => {
+                    path_works = false;
                     b.finish(&core, Err(e));
                     break;
                 }
