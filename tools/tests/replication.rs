@@ -117,6 +117,51 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Samples how many records are acknowledged every 5 ms from its start (the
+/// moment of the failure): the end of the longest time the count stood
+/// still, counted from the start, is when the producer got going again
+/// (failover as the application sees it; the test's own metadata polling,
+/// whose requests to a frozen broker wait out a 1.5 s timeout, comes later).
+struct StallWatch {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Duration>,
+}
+
+impl StallWatch {
+    fn start(acked: Acked) -> StallWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let started = Instant::now();
+            let count = || acked.lock().expect("acked").len();
+            let (mut last_len, mut since) = (count(), started);
+            let (mut longest, mut resumed) = (Duration::ZERO, Duration::ZERO);
+            loop {
+                let stopping = flag.load(Ordering::Relaxed);
+                let len = count();
+                if len != last_len {
+                    if since.elapsed() > longest {
+                        longest = since.elapsed();
+                        resumed = started.elapsed();
+                    }
+                    (last_len, since) = (len, Instant::now());
+                }
+                if stopping {
+                    return resumed;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        StallWatch { stop, thread }
+    }
+
+    /// From the start to the first acknowledgement after the longest stall.
+    fn resumed_after(self) -> Duration {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("stall watch")
+    }
+}
+
 fn producer_config(bootstrap: &str) -> ProducerConfig {
     ProducerConfig {
         // A request to a frozen leader fails after 5 s (not 30) and is
@@ -258,13 +303,13 @@ fn acks_all_loses_nothing_while_leaders_die_and_return() {
     let mut failover_times = Vec::new();
     for round in 0..failures {
         std::thread::sleep(Duration::from_millis(700));
-        let before = acked.lock().expect("acked").len();
         let ps = describe(&rt, &bootstrap(&nodes), topic).expect("describe");
         let p = (round % partitions) as usize;
         let leader = ps[p].leader_broker;
         let epoch = ps[p].leader_epoch;
         let node = nodes.iter_mut().find(|n| n.id == leader).expect("leader node");
         let zombie = round % 2 == 1;
+        let stall = StallWatch::start(acked.clone());
         let killed = Instant::now();
         if zombie {
             node.signal("STOP");
@@ -280,14 +325,20 @@ fn acks_all_loses_nothing_while_leaders_die_and_return() {
                     .then_some(ps[p].leader_broker)
             })
         });
-        // The first acknowledgement after the failure.
+        // Acknowledgements flowing again after the failure: records
+        // acknowledged before it have long been counted by now.
+        let seen = acked.lock().expect("acked").len();
         let (_, _) = wait_for("acks=all after failover", Duration::from_secs(20), || {
-            (acked.lock().expect("acked").len() > before + 100).then_some(())
+            (acked.lock().expect("acked").len() > seen + 100).then_some(())
         });
         let took = killed.elapsed();
-        failover_times.push(took);
-        eprintln!("round {round}: {} broker {leader} (epoch {epoch}) -> {new_leader}; producing again after {took:?}",
-            if zombie { "froze" } else { "killed" });
+        let resumed = stall.resumed_after();
+        failover_times.push(resumed);
+        eprintln!(
+            "round {round}: {} broker {leader} (epoch {epoch}) -> {new_leader}; acknowledgements flowed again \
+             after {resumed:?} (the test saw the new leader and them after {took:?})",
+            if zombie { "froze" } else { "killed" }
+        );
         let node = nodes.iter_mut().find(|n| n.id == leader).expect("leader node");
         if zombie {
             node.signal("CONT");
