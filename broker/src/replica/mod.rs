@@ -205,9 +205,14 @@ impl Replica {
         self.hw.set(hw);
     }
 
-    /// A follower's high watermark from its leader's fetch answer.
+    /// A follower's high watermark from its leader's fetch answer. Ignored
+    /// unless this replica follows: a fetcher finishing its last append
+    /// after the replica became leader must not move the leader's high
+    /// watermark (which never goes down while it leads).
     pub fn set_follower_hw(&self, leader_hw: u64, log_end: u64) {
-        self.hw.set(leader_hw.min(log_end));
+        if matches!(&*self.role.borrow(), Role::Follower(_)) {
+            self.hw.set(leader_hw.min(log_end));
+        }
     }
 
     /// A leader's wanted ISR change, if any and none is pending: followers
@@ -442,6 +447,23 @@ mod tests {
         r.isr_answered();
         r.on_follower_fetch(2, 200, 200, 200, t0);
         assert_eq!(r.high_watermark(200), 200);
+    }
+
+    #[test]
+    fn a_stopped_fetcher_cannot_move_a_new_leaders_high_watermark() {
+        let r = Replica::default();
+        let t0 = Instant::now();
+        r.follow(2, 3).expect("a fetcher starts");
+        r.set_follower_hw(80, 100);
+        assert_eq!(r.high_watermark(100), 80, "a follower takes its leader's");
+        assert!(r.lead(1, &info(&[1, 2], &[1, 2], 1, 4), 0, t0));
+        r.on_follower_fetch(2, 100, 100, 100, t0);
+        assert_eq!(r.high_watermark(100), 100);
+        // The old fetcher's last append completes after the role changed.
+        r.set_follower_hw(80, 100);
+        assert_eq!(r.high_watermark(100), 100, "the leader's high watermark does not go down");
+        r.set_follower_hw(500, 500);
+        assert_eq!(r.high_watermark(500), 100, "nor up on a stale leader's word");
     }
 
     #[test]
