@@ -145,7 +145,7 @@ fn record(
     }
 }
 
-fn fio(args: &[String]) -> anyhow::Result<serde_json::Value> {
+pub(crate) fn fio(args: &[String]) -> anyhow::Result<serde_json::Value> {
     let out = Command::new("fio").args(args).arg("--output-format=json").output().context("run fio")?;
     if !out.status.success() {
         bail!("fio exited with {}: {}", out.status, String::from_utf8_lossy(&out.stderr));
@@ -156,7 +156,7 @@ fn fio(args: &[String]) -> anyhow::Result<serde_json::Value> {
     serde_json::from_str(&text[start..]).context("parse fio JSON")
 }
 
-fn fio_job(j: &serde_json::Value) -> anyhow::Result<&serde_json::Value> {
+pub(crate) fn fio_job(j: &serde_json::Value) -> anyhow::Result<&serde_json::Value> {
     j["jobs"].get(0).context("fio JSON has no job")
 }
 

@@ -17,6 +17,7 @@
 //! /proc sampling) and `limits` → `report` (typed JSON, index) → `plot`,
 //! `summary` (SVG, Markdown).
 
+mod breakdown;
 mod broker;
 mod cluster;
 mod env;

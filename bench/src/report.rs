@@ -140,6 +140,10 @@ pub struct RunResult {
     /// The consumers' order check; `None` only in reports older than it.
     #[serde(default)]
     pub order: Option<OrderSummary>,
+    /// Open-loop runs against a broker with an admin listener: where the
+    /// latency goes (`breakdown`); `None` otherwise and in older reports.
+    #[serde(default)]
+    pub breakdown: Option<crate::breakdown::Breakdown>,
 }
 
 /// min / median / max over repetitions.

@@ -10,6 +10,7 @@
 //!                 └─ warm-up ── measured window ── grace (consumers catch up)
 //! ```
 
+use crate::breakdown::{self, Breakdown};
 use crate::broker::{self, Broker, SpawnOptions};
 use crate::env::{self, Environment, ProcSample};
 use crate::hist::LatencyHist;
@@ -19,7 +20,7 @@ use crate::report::{
     Aggregate, BacklogResult, BrokerInfo, LoadGenInfo, Ratios, Report, RunResult, Series, Throughput,
     REPORT_SCHEMA_VERSION,
 };
-use crate::sched::{self, Clock, Counters, LoopConfig, Schedule, Sender};
+use crate::sched::{self, Acked, ClientSteps, Clock, Counters, LoopConfig, Schedule, Sender};
 use crate::workload::{ConsumerStart, KeyDistribution, Workload};
 use crate::RunArgs;
 use anyhow::{bail, Context};
@@ -168,6 +169,7 @@ fn run_workload(
     for rep in 0..args.repetitions {
         let data_dir = data_parent.join(format!("{}-{}-{}", w.name, std::process::id(), rep));
         let mut spawned = None;
+        let mut admin = None;
         let (bootstrap, pid) = if args.spawn_broker {
             broker::remove_data_dir(&data_dir);
             let binary = match &args.broker_bin {
@@ -178,12 +180,17 @@ fn run_workload(
             let cpus = args.broker_cpus.clone().or_else(|| {
                 args.bench_cpus.as_ref().map(|_| format!("0-{}", num_cpus_online().saturating_sub(1)))
             });
+            // An admin listener for the latency breakdown, unless one was given.
+            let mut extra_args = args.broker_args.clone();
+            if !extra_args.iter().any(|a| a.starts_with("--admin-listen")) {
+                extra_args.push("--admin-listen=127.0.0.1:0".into());
+            }
             let opts = SpawnOptions {
                 binary: binary.clone(),
                 data_dir: data_dir.clone(),
                 shards: args.shards,
                 cpus: cpus.clone(),
-                extra_args: args.broker_args.clone(),
+                extra_args,
             };
             let b = Broker::spawn(&opts)?;
             broker_info.mode = "spawned".into();
@@ -193,6 +200,7 @@ fn run_workload(
             broker_info.data_dir = Some(data_dir.display().to_string());
             broker_info.shard_ports.clone_from(&b.ready.shard_ports);
             let r = (b.ready.listen.clone(), Some(b.pid()));
+            admin.clone_from(&b.ready.admin);
             spawned = Some(b);
             r
         } else {
@@ -206,7 +214,8 @@ fn run_workload(
             rep + 1,
             args.repetitions
         );
-        let result = rt.block_on(run_once(&bootstrap, w, rep, pid));
+        let result = rt.block_on(run_once(&bootstrap, admin, w, rep, pid));
+        let spawned_here = spawned.is_some();
         if let Some(mut b) = spawned {
             b.stop()?;
             if !args.keep_data && result.is_ok() {
@@ -216,7 +225,20 @@ fn run_workload(
                 }
             }
         }
-        runs.push(result?);
+        let mut result = result?;
+        // The floor: fio replays the window's write pattern on the data
+        // disk, once a broker this run started has stopped (nothing else
+        // writes there then).
+        if let Some(b) = result.breakdown.as_mut().filter(|_| spawned_here) {
+            if let Some(p) = b.writes.filter(|p| p.writes > 0) {
+                let secs = if args.quick { 5 } else { w.duration_s.min(20) };
+                match breakdown::fio_write_pattern(data_parent, &p, secs) {
+                    Ok(f) => b.fio = Some(f),
+                    Err(e) => eprintln!("shardlog-bench: fio replay of the write pattern failed: {e:#}"),
+                }
+            }
+        }
+        runs.push(result);
     }
     let env_dir = if data_parent.exists() { data_parent.to_path_buf() } else { crate::repo_dir() };
     let binary = match &args.broker_bin {
@@ -260,10 +282,13 @@ struct Run {
     /// Records whose send failed, to excuse their gaps in the order check.
     /// Locked only when a send fails.
     failed: Arc<Mutex<Vec<FailedSend>>>,
+    /// The broker's `/metrics` listener, for the latency breakdown.
+    admin: Option<String>,
 }
 
 async fn run_once(
     bootstrap: &str,
+    admin: Option<String>,
     w: &Workload,
     rep: u32,
     broker_pid: Option<u32>,
@@ -278,6 +303,7 @@ async fn run_once(
         clock: Clock::new(),
         next_stream: AtomicU32::new(0),
         failed: Arc::default(),
+        admin,
     });
     create_topics(&run).await?;
     let mut result = RunResult { repetition: rep, ..RunResult::default() };
@@ -359,6 +385,7 @@ struct PhaseResult {
     acked: u64,
     errors: u64,
     publish: LatencyHist,
+    steps: Option<ClientSteps>,
     counters: Arc<Counters>,
 }
 
@@ -411,6 +438,7 @@ async fn spawn_producers(
                 stop_at: start + Duration::from_secs(warmup_s + secs),
                 msgs_max,
                 outstanding_max: w.producer.outstanding_max,
+                steps: matches!(schedule, Schedule::OpenLoop { .. }),
             };
             handles.push(tokio::spawn(sched::run_producer(
                 sender,
@@ -428,13 +456,16 @@ async fn join_producers(
     handles: Vec<tokio::task::JoinHandle<anyhow::Result<sched::LoopResult>>>,
     counters: Arc<Counters>,
 ) -> anyhow::Result<PhaseResult> {
-    let mut r = PhaseResult { acked: 0, errors: 0, publish: LatencyHist::new(), counters };
+    let mut r = PhaseResult { acked: 0, errors: 0, publish: LatencyHist::new(), steps: None, counters };
     for h in handles {
         let l = h.await.context("producer task")??;
         assert_eq!(l.sent, l.acked + l.errors, "every sent message is acked or failed");
         r.acked += l.acked;
         r.errors += l.errors;
         r.publish.merge(&l.publish);
+        if let Some(s) = &l.steps {
+            r.steps.get_or_insert_with(ClientSteps::default).merge(s);
+        }
     }
     Ok(r)
 }
@@ -468,6 +499,16 @@ async fn measured(run: &Arc<Run>, target: Option<f64>, result: &mut RunResult) -
     };
     let progress = Progress::start("run", w.warmup_s + w.duration_s, counters.clone());
     tokio::time::sleep_until(start.into()).await;
+    // The broker's side of the breakdown: its stage histograms when the
+    // measured window opens, and again once the consumers are done.
+    let from = start + Duration::from_secs(w.warmup_s);
+    let scrape_admin = run.admin.clone().filter(|_| target.is_some());
+    let first_scrape = scrape_admin.clone().map(|admin| {
+        tokio::spawn(async move {
+            tokio::time::sleep_until(from.into()).await;
+            tokio::task::spawn_blocking(move || breakdown::scrape(&admin)).await
+        })
+    });
     let producers =
         spawn_producers(run, schedule, start, w.duration_s, w.warmup_s, u64::MAX, &counters, &stop).await?;
     let phase = join_producers(producers, counters.clone()).await?;
@@ -480,12 +521,22 @@ async fn measured(run: &Arc<Run>, target: Option<f64>, result: &mut RunResult) -
     stop.store(true, Ordering::Relaxed);
     let (e2e, order) = join_consumers(consumer_tasks, &failed_sends(run)).await?;
     progress.finish();
+    if let (Some(first), Some(admin)) = (first_scrape, scrape_admin) {
+        let last = tokio::task::spawn_blocking(move || breakdown::scrape(&admin)).await?;
+        match (first.await??, last) {
+            (Ok(before), Ok(after)) => {
+                let (broker, writes) = breakdown::between(&before, &after);
+                let client = phase.steps.as_ref().map(breakdown::client_rows).unwrap_or_default();
+                result.breakdown = Some(Breakdown { client, broker, writes: Some(writes), fio: None });
+            }
+            (Err(e), _) | (_, Err(e)) => eprintln!("shardlog-bench: no latency breakdown: {e:#}"),
+        }
+    }
     result.order = Some(order);
     fill(result, w, &counters, w.warmup_s, w.duration_s);
     result.publish_latency = phase.publish.summary();
     result.e2e_latency = e2e.summary();
     result.send_errors = phase.errors;
-    let from = start + Duration::from_secs(w.warmup_s);
     Ok((from, from + Duration::from_secs(w.duration_s)))
 }
 
@@ -680,11 +731,14 @@ struct ClientAck {
 }
 
 impl Future for ClientAck {
-    type Output = Result<Instant, (FailedSend, ClientError)>;
+    type Output = Result<Acked, (FailedSend, ClientError)>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
         let id = self.id;
-        Pin::new(&mut self.delivery).poll(cx).map(|r| r.map(|md| md.acknowledged_at).map_err(|e| (id, e)))
+        Pin::new(&mut self.delivery).poll(cx).map(|r| {
+            r.map(|md| Acked { at: md.acknowledged_at, steps: Some((md.sealed_at, md.requested_at)) })
+                .map_err(|e| (id, e))
+        })
     }
 }
 

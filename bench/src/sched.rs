@@ -162,7 +162,7 @@ impl Counters {
 /// acks in send order, only the oldest ones, and never waits on one while
 /// it can send, so per-record latency costs one queue entry and a poll.
 pub trait Sender: Send {
-    type Ack: Future<Output = Result<Instant, Self::Failure>> + Unpin + Send;
+    type Ack: Future<Output = Result<Acked, Self::Failure>> + Unpin + Send;
     /// What a failed ack says; [`Sender::failed`] turns it into the error.
     type Failure;
     /// Sends message `seq` whose payload carries `intended_ns`.
@@ -173,6 +173,42 @@ pub trait Sender: Send {
     ) -> impl Future<Output = anyhow::Result<(Self::Ack, u64)>> + Send;
     /// Notes a message whose ack failed (for the order check) and says why.
     fn failed(&mut self, failure: Self::Failure) -> anyhow::Error;
+}
+
+/// A message's acknowledgement as the client reported it.
+#[derive(Clone, Copy, Debug)]
+pub struct Acked {
+    /// When the acknowledgement happened (see [`Sender`]).
+    pub at: Instant,
+    /// When the message's batch was sealed and when the request carrying it
+    /// was handed to the connection, if the sender knows (the client's part
+    /// of the latency breakdown).
+    pub steps: Option<(Instant, Instant)>,
+}
+
+/// The client's part of the publish latency, per message (intended send ->
+/// batch sealed -> request handed to the connection -> acknowledged): what
+/// the latency breakdown reports beside the broker's stages.
+#[derive(Clone, Default)]
+pub struct ClientSteps {
+    pub accumulate: LatencyHist,
+    pub slot_wait: LatencyHist,
+    pub round_trip: LatencyHist,
+}
+
+impl ClientSteps {
+    fn record(&mut self, intended: Instant, sealed: Instant, requested: Instant, acked: Instant) {
+        let ns = |a: Instant, b: Instant| b.saturating_duration_since(a).as_nanos() as u64;
+        self.accumulate.record_ns(ns(intended, sealed));
+        self.slot_wait.record_ns(ns(sealed, requested));
+        self.round_trip.record_ns(ns(requested, acked));
+    }
+
+    pub fn merge(&mut self, other: &ClientSteps) {
+        self.accumulate.merge(&other.accumulate);
+        self.slot_wait.merge(&other.slot_wait);
+        self.round_trip.merge(&other.round_trip);
+    }
 }
 
 /// Settings of one producer loop.
@@ -187,6 +223,9 @@ pub struct LoopConfig {
     pub msgs_max: u64,
     /// Acks pending at once before the loop waits for the oldest.
     pub outstanding_max: usize,
+    /// Record the client's steps of every measured message (three more
+    /// histogram entries each; the open-loop latency workloads).
+    pub steps: bool,
 }
 
 /// Result of one producer loop.
@@ -195,6 +234,8 @@ pub struct LoopResult {
     pub acked: u64,
     pub errors: u64,
     pub publish: LatencyHist,
+    /// With [`LoopConfig::steps`].
+    pub steps: Option<ClientSteps>,
 }
 
 /// Runs one producer: paces sends by `cfg.schedule` and records, for every
@@ -206,7 +247,7 @@ pub async fn run_producer<S: Sender>(
     counters: Arc<Counters>,
     abort: Arc<AtomicBool>,
 ) -> anyhow::Result<LoopResult> {
-    let mut acks = Pending::<S>::new(cfg.measure_from, counters.clone());
+    let mut acks = Pending::<S>::new(cfg.measure_from, counters.clone(), cfg.steps);
     let mut sent = LocalSeries::default();
     let mut seq = 0u64;
     let open_loop = matches!(cfg.schedule, Schedule::OpenLoop { .. });
@@ -243,8 +284,8 @@ pub async fn run_producer<S: Sender>(
     while !acks.is_empty() {
         acks.wait_oldest(&mut sender).await;
     }
-    let (acked, errors, publish) = acks.finish();
-    Ok(LoopResult { sent: seq, acked, errors, publish })
+    let (acked, errors, publish, steps) = acks.finish();
+    Ok(LoopResult { sent: seq, acked, errors, publish, steps })
 }
 
 /// Sends between two looks at the oldest acks: a look at one still pending
@@ -288,14 +329,16 @@ struct Pending<S: Sender> {
     acked_slot: usize,
     acked_in_slot: u64,
     hist: LatencyHist,
+    steps: Option<ClientSteps>,
     acked: u64,
     errors: u64,
     first_error: Option<String>,
 }
 
 impl<S: Sender> Pending<S> {
-    fn new(measure_from: Instant, counters: Arc<Counters>) -> Self {
+    fn new(measure_from: Instant, counters: Arc<Counters>, steps: bool) -> Self {
         Pending {
+            steps: steps.then(ClientSteps::default),
             queue: VecDeque::new(),
             measure_from,
             counters,
@@ -338,9 +381,9 @@ impl<S: Sender> Pending<S> {
         self.take_ready(sender);
     }
 
-    fn take(&mut self, intended: Instant, r: anyhow::Result<Instant>) {
+    fn take(&mut self, intended: Instant, r: anyhow::Result<Acked>) {
         match r {
-            Ok(done) => {
+            Ok(Acked { at: done, steps }) => {
                 self.acked += 1;
                 let slot = self.counters.slot(done);
                 if slot != self.acked_slot {
@@ -350,6 +393,9 @@ impl<S: Sender> Pending<S> {
                 self.acked_in_slot += 1;
                 if intended >= self.measure_from {
                     self.hist.record_ns(done.saturating_duration_since(intended).as_nanos() as u64);
+                    if let (Some(h), Some((sealed, requested))) = (&mut self.steps, steps) {
+                        h.record(intended, sealed, requested, done);
+                    }
                 }
             }
             Err(e) => {
@@ -367,12 +413,12 @@ impl<S: Sender> Pending<S> {
         }
     }
 
-    fn finish(mut self) -> (u64, u64, LatencyHist) {
+    fn finish(mut self) -> (u64, u64, LatencyHist, Option<ClientSteps>) {
         self.flush_acked();
         if let Some(e) = &self.first_error {
             eprintln!("shardlog-bench: {} sends failed; first error: {e}", self.errors);
         }
-        (self.acked, self.errors, self.hist)
+        (self.acked, self.errors, self.hist, self.steps)
     }
 }
 
@@ -390,7 +436,7 @@ mod tests {
     }
 
     impl Sender for FakeSender {
-        type Ack = std::pin::Pin<Box<dyn Future<Output = Result<Instant, ()>> + Send>>;
+        type Ack = std::pin::Pin<Box<dyn Future<Output = Result<Acked, ()>> + Send>>;
         type Failure = ();
         fn failed(&mut self, (): ()) -> anyhow::Error {
             anyhow::anyhow!("the fake ack failed")
@@ -411,7 +457,7 @@ mod tests {
                 let done = Instant::now() + service;
                 let ack: Self::Ack = Box::pin(async move {
                     tokio::time::sleep_until(done.into()).await;
-                    Ok(done)
+                    Ok(Acked { at: done, steps: Some((done - service / 2, done - service / 4)) })
                 });
                 Ok((ack, 100))
             }
@@ -426,6 +472,7 @@ mod tests {
             stop_at: start + Duration::from_millis(1_000),
             msgs_max: 1_000,
             outstanding_max: 10_000,
+            steps: true,
         };
         let sender = FakeSender { service: Duration::from_millis(1), stall_at: 200, stall };
         run_producer(sender, cfg, Clock::new(), counters, Arc::new(AtomicBool::new(false))).await.unwrap()

@@ -113,6 +113,7 @@ pub fn report_markdown(r: &Report, plots: &PlotFiles) -> String {
             }
         }
     }
+    breakdown_markdown(&mut md, r);
     let _ = writeln!(md, "\n## Against the machine's limits (measured {})\n", limits_when(r));
     if let Some(l) = &r.limits {
         let _ = writeln!(
@@ -138,6 +139,67 @@ pub fn report_markdown(r: &Report, plots: &PlotFiles) -> String {
         let _ = writeln!(md, "![{p}]({p})\n");
     }
     md
+}
+
+/// Per repetition with a breakdown: the client's steps, the broker's
+/// stages, the write pattern and fio's latency for it.
+fn breakdown_markdown(md: &mut String, r: &Report) {
+    let with: Vec<_> = r.repetitions.iter().filter_map(|x| Some((x, x.breakdown.as_ref()?))).collect();
+    if with.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\n## Where the latency goes\n\nClient steps per measured message (they add up to its publish \
+         latency); broker stages from its `shardlog_stage_duration_seconds` histograms over the window \
+         (quarter-octave buckets, interpolated; per record, `fetch_wake` per woken fetch). Means add up, \
+         percentiles do not. Microseconds.\n"
+    );
+    for (run, b) in with {
+        let _ = writeln!(
+            md,
+            "Repetition {}: publish p50 / p99 {:.0} / {:.0}, end-to-end p50 / p99 {:.0} / {:.0}.\n",
+            run.repetition,
+            run.publish_latency.p50_us,
+            run.publish_latency.p99_us,
+            run.e2e_latency.p50_us,
+            run.e2e_latency.p99_us
+        );
+        let _ =
+            writeln!(md, "| side | step | count | mean | p50 | p99 | p99.9 |\n|---|---|---|---|---|---|---|");
+        for (side, rows) in [("client", &b.client), ("broker", &b.broker)] {
+            for x in rows {
+                let _ = writeln!(
+                    md,
+                    "| {side} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} |",
+                    x.step, x.count, x.mean_us, x.p50_us, x.p99_us, x.p999_us
+                );
+            }
+        }
+        if let Some(w) = &b.writes {
+            let _ = writeln!(
+                md,
+                "\nO_DIRECT writes in the window: {} of {:.0} B on average, {:.1} MB/s.",
+                w.writes,
+                w.bytes as f64 / w.writes.max(1) as f64,
+                w.bytes_per_s() / 1e6
+            );
+        }
+        if let Some(f) = &b.fio {
+            let ratio = if f.p99_us > 0.0 { run.e2e_latency.p99_us / f.p99_us } else { f64::NAN };
+            let _ = writeln!(
+                md,
+                "fio, the same pattern ({} B writes at {:.1} MB/s, one in flight): completion p50 / p99 / p99.9 \
+                 {:.0} / {:.0} / {:.0}; **end-to-end p99 / fio p99 = {ratio:.2}**.",
+                f.block_bytes,
+                f.rate_bytes_per_s / 1e6,
+                f.p50_us,
+                f.p99_us,
+                f.p999_us
+            );
+        }
+        let _ = writeln!(md);
+    }
 }
 
 fn limits_when(r: &Report) -> String {

@@ -84,6 +84,29 @@ fn smoke_workload_against_a_spawned_broker_writes_a_valid_report() {
     assert!(r["invalid"].is_null(), "a run without violations is valid");
     assert!(!run["broker_samples"].as_array().unwrap().is_empty(), "broker /proc was sampled");
     assert!(run["broker"]["rss_bytes_max"].as_u64().unwrap() > 1 << 20);
+    // The latency breakdown: the client's three steps of every measured
+    // message add up to its publish latency; the broker's stages counted the
+    // window's records.
+    let b = &run["breakdown"];
+    let rows = |side: &str| b[side].as_array().unwrap_or_else(|| panic!("breakdown.{side}: {b}")).clone();
+    let client = rows("client");
+    let steps: Vec<&str> = client.iter().map(|x| x["step"].as_str().unwrap()).collect();
+    assert_eq!(steps, ["accumulate", "slot_wait", "round_trip"]);
+    let measured = run["publish_latency"]["count"].as_u64().unwrap();
+    assert!(client.iter().all(|x| x["count"].as_u64() == Some(measured)), "{b}");
+    let sum: f64 = client.iter().map(|x| x["mean_us"].as_f64().unwrap()).sum();
+    let mean = run["publish_latency"]["mean_us"].as_f64().unwrap();
+    assert!((sum - mean).abs() <= 0.02 * mean, "steps add up to {sum} us, publish mean {mean} us");
+    let broker = rows("broker");
+    let stage =
+        |s: &str| broker.iter().find(|x| x["step"] == s).unwrap_or_else(|| panic!("{s}: {b}")).clone();
+    for s in ["produce_in", "write_queue", "write", "produce_out"] {
+        let n = stage(s)["count"].as_u64().unwrap();
+        assert!((8_000..=14_000).contains(&n), "{s} counted {n} records");
+    }
+    assert!(stage("write")["p50_us"].as_f64().unwrap() > 0.0);
+    assert!(stage("fetch_wake")["count"].as_u64().unwrap() > 0, "the consumer waited at the tail");
+    assert!(b["writes"]["writes"].as_u64().unwrap() > 0);
 
     let stem = report_name.trim_end_matches(".json");
     for f in [format!("{stem}.md"), format!("{stem}-throughput.svg"), format!("{stem}-latency.svg")] {

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
+use std::time::Instant;
 
 /// A typed, client-visible failure of a partition operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,11 +43,25 @@ impl From<LogError> for PartitionError {
 pub struct DataNotify {
     generation: Cell<u64>,
     wakers: RefCell<Vec<Waker>>,
+    /// When the bytes of the newest append were written (the latency
+    /// breakdown's `fetch_wake` starts there).
+    written_at: Cell<Option<Instant>>,
 }
 
 impl DataNotify {
     pub fn generation(&self) -> u64 {
         self.generation.get()
+    }
+
+    /// When the newest append's bytes were written, if one has been.
+    pub fn written_at(&self) -> Option<Instant> {
+        self.written_at.get()
+    }
+
+    /// New data written at `at`: wakes the waiting fetches.
+    pub fn notify_written(&self, at: Instant) {
+        self.written_at.set(Some(at));
+        self.notify();
     }
 
     pub fn notify(&self) {
@@ -139,7 +154,7 @@ impl Partition {
         let checked = validate_batches(batches, self.config.batch_bytes_max as usize)?;
         let info = self.log.append_checked(checked, self.leader_epoch.get()).await?;
         self.replica.advance_hw(self.log.high_watermark().0);
-        self.data.notify();
+        self.data.notify_written(info.written_at);
         Ok(info)
     }
 

@@ -491,6 +491,15 @@ fn metrics_show_partition_logs_within_their_bound_fdatasyncs_and_the_probe() {
     assert!(counter(&metrics, "log_fdatasync_duration_seconds_count", "") >= 10, "{metrics}");
     assert!(counter(&metrics, "shard_scheduling_delay_seconds_count", "") >= 2, "{metrics}");
     assert!(metrics.contains("# TYPE shardlog_shard_stalls_total counter"));
+    // The latency breakdown counts every produced record once per stage
+    // (10 records of 1 + 2 + 3 + 4 produces); the log's own stages count
+    // what else it appended too.
+    let stage = |s: &str| counter(&metrics, "stage_duration_seconds_count", &format!("stage=\"{s}\""));
+    assert_eq!(stage("produce_in"), 10, "{metrics}");
+    assert_eq!(stage("produce_out"), 10);
+    assert!(stage("write_queue") >= 10 && stage("write") == stage("write_queue"));
+    assert!(counter(&metrics, "log_writes_total", "") >= 10);
+    assert!(counter(&metrics, "log_write_bytes_total", "") >= 10 * 30_000);
     handle.shutdown().expect("clean shutdown");
 }
 

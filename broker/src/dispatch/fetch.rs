@@ -160,6 +160,7 @@ pub(super) async fn fetch(ctx: &Rc<ShardContext>, corr: u32, req: wire::FetchReq
     if req.replica_id() >= 0 {
         note_follower_fetches(ctx, req.replica_id(), &parts);
     }
+    let mut waited = false;
     loop {
         // Remember where the local partitions stood before reading, so data
         // arriving between the read and the wait is never missed.
@@ -190,11 +191,32 @@ pub(super) async fn fetch(ctx: &Rc<ShardContext>, corr: u32, req: wire::FetchReq
         }
         let now = Instant::now();
         if total >= min_bytes || any_error || now >= deadline || ctx.shutting_down.get() {
+            if waited && total > 0 {
+                note_fetch_wake(ctx, &parts, now);
+            }
             return fetch_response(corr, parts);
         }
         let watched: Vec<(&str, u32, u64)> =
             parts.iter().map(|p| (p.topic.as_str(), p.partition, p.offset)).collect();
         wait_for_data(ctx, &watched, generations, deadline - now).await;
+        waited = true;
+    }
+}
+
+/// A fetch that waited has data: the latency breakdown's `fetch_wake`, from
+/// the newest write of its local partitions that returned some.
+fn note_fetch_wake(ctx: &ShardContext, parts: &[FetchPart], now: Instant) {
+    let newest = parts
+        .iter()
+        .filter(|p| p.bytes > 0)
+        .filter_map(|p| ctx.partition(&p.topic, p.partition)?.data.written_at())
+        .max();
+    if let Some(at) = newest {
+        ctx.log_io_stats().stages.record(
+            crate::metrics::Stage::FetchWake,
+            now.saturating_duration_since(at),
+            1,
+        );
     }
 }
 

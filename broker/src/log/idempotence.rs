@@ -97,6 +97,8 @@ impl Log {
                         last_offset: Offset(dup.last_offset),
                         append_time_ms: now_ms(),
                         log_start_offset: Offset(st.start_offset()),
+                        enqueued_at: Instant::now(),
+                        written_at: Instant::now(),
                     });
                 }
             }

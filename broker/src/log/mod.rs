@@ -101,7 +101,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::rc::{Rc, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Alignment of every O_DIRECT write (at least the device's logical block).
 const BLOCK_BYTES_MIN: u64 = 4096;
@@ -146,6 +146,11 @@ pub struct AppendInfo {
     pub last_offset: Offset,
     pub append_time_ms: i64,
     pub log_start_offset: Offset,
+    /// When the append took its place in the log and when its bytes were
+    /// written (both the answer's instant for a duplicate): the latency
+    /// breakdown's `produce_in` ends and `produce_out` starts there.
+    pub enqueued_at: Instant,
+    pub written_at: Instant,
 }
 
 /// Whole batches returned by [`Log::read`].
@@ -231,6 +236,13 @@ pub struct IoStats {
     /// ... and reads that went to the file path (segment files, perhaps
     /// with the newest part from memory).
     pub hot_tail_misses: Cell<u64>,
+    /// The shard's data-path stage durations: the log's own (write queue,
+    /// write) and the produce and fetch paths' around it.
+    pub stages: crate::metrics::Stages,
+    /// O_DIRECT segment writes completed and their bytes (padding and
+    /// rewritten partial blocks included): the write pattern the disk sees.
+    pub writes: Cell<u64>,
+    pub write_bytes: Cell<u64>,
 }
 
 /// Shard-level settings of a log, given at open ([`Log::open_with`]).
@@ -300,12 +312,20 @@ struct Shared {
     recovery_point_writing: Cell<bool>,
 }
 
-type AppendSlot = Slot<Result<(), LogError>>;
+/// Resolves with the instant the append's bytes were written (for the
+/// latency breakdown), or its failure.
+type AppendSlot = Slot<Result<Instant, LogError>>;
 
 struct Waiter {
     end_pos: u64,
     durable: bool,
     slot: Rc<AppendSlot>,
+    /// An append's: when it took its place, and its record count (a flush
+    /// has neither and is not counted in the stage histograms).
+    enqueued: Option<(Instant, u64)>,
+    /// Set when its bytes are written, for a durable waiter that then waits
+    /// for the fdatasync.
+    written_at: Option<Instant>,
 }
 
 struct State {
@@ -429,6 +449,7 @@ struct WriteJob {
     prealloc_to: Option<u64>,
     seq: u64,
     generation: u64,
+    issued_at: Instant,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -619,8 +640,8 @@ impl Log {
                 Some((slot, info)) => {
                     drop(ticket);
                     kick_write(sh);
-                    slot.wait().await?;
-                    return Ok(info);
+                    let written_at = slot.wait().await?;
+                    return Ok(AppendInfo { written_at, ..info });
                 }
                 None => {
                     if start_roll {

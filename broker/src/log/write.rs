@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::fault::FaultPoint;
+use crate::metrics::Stage;
 
 impl State {
     /// Copies and stamps the batches into the fill buffer, assigns offsets
@@ -50,12 +51,21 @@ impl State {
         a.next_offset = offset;
         self.stats.appends += 1;
         let slot = Rc::new(Slot::new());
-        self.unwritten.push_back(Waiter { end_pos: a.end_pos, durable, slot: slot.clone() });
+        let now = Instant::now();
+        self.unwritten.push_back(Waiter {
+            end_pos: a.end_pos,
+            durable,
+            slot: slot.clone(),
+            enqueued: Some((now, offset - base_offset)),
+            written_at: None,
+        });
         let info = AppendInfo {
             base_offset: Offset(base_offset),
             last_offset: Offset(offset - 1),
             append_time_ms: now_ms(),
             log_start_offset: Offset(start_offset),
+            enqueued_at: now,
+            written_at: now,
         };
         (slot, info)
     }
@@ -147,6 +157,7 @@ impl State {
             prealloc_to,
             seq,
             generation: self.write_gen,
+            issued_at: Instant::now(),
         })
     }
 
@@ -180,6 +191,8 @@ impl State {
         }
         self.stats.writes += 1;
         self.stats.bytes_written += bytes.len() as u64;
+        sh.io_stats.writes.set(sh.io_stats.writes.get() + 1);
+        sh.io_stats.write_bytes.set(sh.io_stats.write_bytes.get() + bytes.len() as u64);
         self.bytes_since_sync += a.written_pos - before;
         // A whole chunk (a full one, or a partial one padded to its size) is kept for reuse.
         if job.buf.len() == CHUNK_BYTES && a.spare.len() < SPARE_CHUNKS_MAX {
@@ -188,12 +201,23 @@ impl State {
             }
         }
         let written = a.written_pos;
+        let now = Instant::now();
         while self.unwritten.front().is_some_and(|w| w.end_pos <= written) {
-            let w = self.unwritten.pop_front().expect("front exists");
+            let mut w = self.unwritten.pop_front().expect("front exists");
+            if let Some((enqueued_at, records)) = w.enqueued {
+                let stages = &sh.io_stats.stages;
+                stages.record(
+                    Stage::WriteQueue,
+                    job.issued_at.saturating_duration_since(enqueued_at),
+                    records,
+                );
+                stages.record(Stage::Write, now.saturating_duration_since(job.issued_at), records);
+            }
             if w.durable {
+                w.written_at = Some(now);
                 self.unsynced.push_back(w);
             } else {
-                w.slot.resolve(Ok(()));
+                w.slot.resolve(Ok(now));
             }
         }
     }
@@ -411,8 +435,10 @@ pub(super) async fn sync_task(sh: Rc<Shared>) {
                     a.durable_next = next;
                     a.durable_index = index;
                     a.durable_max_ts = stamps;
+                    let now = Instant::now();
                     while st.unsynced.front().is_some_and(|w| w.end_pos <= pos) {
-                        st.unsynced.pop_front().expect("front exists").slot.resolve(Ok(()));
+                        let w = st.unsynced.pop_front().expect("front exists");
+                        w.slot.resolve(Ok(w.written_at.unwrap_or(now)));
                     }
                 }
                 Ok(()) => {}
@@ -460,7 +486,13 @@ pub(super) async fn flush_inner(sh: &Rc<Shared>) -> Result<(), LogError> {
             return Ok(());
         }
         let slot = Rc::new(Slot::new());
-        let w = Waiter { end_pos: a.end_pos, durable: true, slot: slot.clone() };
+        let w = Waiter {
+            end_pos: a.end_pos,
+            durable: true,
+            slot: slot.clone(),
+            enqueued: None,
+            written_at: None,
+        };
         if a.end_pos <= a.written_pos {
             st.unsynced.push_back(w);
         } else {
@@ -470,7 +502,7 @@ pub(super) async fn flush_inner(sh: &Rc<Shared>) -> Result<(), LogError> {
     };
     kick_write(sh);
     kick_sync(sh);
-    slot.wait().await
+    slot.wait().await.map(|_| ())
 }
 
 /// Closes a write handle if this is its last user (else the last one's drop does).

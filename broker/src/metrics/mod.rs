@@ -10,7 +10,10 @@ mod http;
 pub mod probe;
 mod render;
 
-pub use histogram::{HistogramSnapshot, LatencyHistogram, LATENCY_BUCKETS_US};
+pub use histogram::{
+    stage_bound_ns, HistogramSnapshot, LatencyHistogram, StageHistogram, StageSnapshot, LATENCY_BUCKETS_US,
+    STAGE_BUCKETS,
+};
 pub use http::{admin_loop, Health};
 pub use render::render;
 
@@ -52,6 +55,61 @@ impl ApiClass {
             ApiClass::Admin => "admin",
             ApiClass::Group => "group",
         }
+    }
+}
+
+/// The steps of the data path a record's latency is broken down into, in
+/// the order a record passes them (`/metrics`:
+/// `shardlog_stage_duration_seconds{stage}`; `shardlog-bench` reports them).
+/// All but `FetchWake` count each record once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// From the owner shard's start on a produce (after the request was read
+    /// and routed) to the append taking its place in the log: validation,
+    /// CRC, the admission order, a roll or back-pressure.
+    ProduceIn,
+    /// From the append's place in the log to the issue of the O_DIRECT write
+    /// that completes it: the wait for the write in flight (group commit).
+    WriteQueue,
+    /// The O_DIRECT write that completes the append, issue to completion.
+    Write,
+    /// From that completion to the produce's answer on the owner shard:
+    /// waking the append's task and, with `acks=all`, the followers'
+    /// fetches (with `flush=always`, also the fdatasync).
+    ProduceOut,
+    /// From the completion of the write that brought new data to a fetch
+    /// that was waiting for it having its answer (counted per such fetch).
+    FetchWake,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 5] =
+        [Stage::ProduceIn, Stage::WriteQueue, Stage::Write, Stage::ProduceOut, Stage::FetchWake];
+
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Stage::ProduceIn => "produce_in",
+            Stage::WriteQueue => "write_queue",
+            Stage::Write => "write",
+            Stage::ProduceOut => "produce_out",
+            Stage::FetchWake => "fetch_wake",
+        }
+    }
+}
+
+/// One shard's stage histograms, by [`Stage::ALL`].
+#[derive(Debug, Default)]
+pub struct Stages([StageHistogram; 5]);
+
+impl Stages {
+    pub fn record(&self, stage: Stage, elapsed: std::time::Duration, records: u64) {
+        self.0[stage as usize].record_n(elapsed, records);
+    }
+
+    #[must_use]
+    pub fn snapshot(&self) -> Vec<StageSnapshot> {
+        self.0.iter().map(StageHistogram::snapshot).collect()
     }
 }
 
@@ -149,6 +207,9 @@ impl ShardMetrics {
             hot_tail_bytes_max: ctx.hot_tail().bytes_max(),
             hot_tail_evicted_bytes: ctx.hot_tail().evicted_bytes(),
             fdatasync: ctx.log_io_stats().fdatasync.snapshot(),
+            stages: ctx.log_io_stats().stages.snapshot(),
+            log_writes: ctx.log_io_stats().writes.get(),
+            log_write_bytes: ctx.log_io_stats().write_bytes.get(),
             scheduling_delay: self.scheduling_delay.snapshot(),
             stalls: self.stalls.get(),
             logs: {
@@ -253,6 +314,10 @@ pub struct MetricsSnapshot {
     pub hot_tail_bytes_max: u64,
     pub hot_tail_evicted_bytes: u64,
     pub fdatasync: HistogramSnapshot,
+    /// By `Stage::ALL` (empty in snapshots built without a shard).
+    pub stages: Vec<StageSnapshot>,
+    pub log_writes: u64,
+    pub log_write_bytes: u64,
     pub scheduling_delay: HistogramSnapshot,
     pub stalls: u64,
     /// The shard's partition logs in name order, at most

@@ -1,7 +1,7 @@
 //! Prometheus text format of the shards' snapshots.
 
-use super::histogram::{HistogramSnapshot, LATENCY_BUCKETS_US};
-use super::{ApiClass, LogSample, MetricsSnapshot};
+use super::histogram::{stage_bound_ns, HistogramSnapshot, LATENCY_BUCKETS_US, STAGE_BUCKETS};
+use super::{ApiClass, LogSample, MetricsSnapshot, Stage};
 use std::fmt::Write as _;
 
 /// Renders snapshots (index = shard) in Prometheus text format.
@@ -46,6 +46,13 @@ pub fn render(shards: &[MetricsSnapshot]) -> String {
         "gauge",
         "Partitions led here whose ISR is smaller than their replica set.",
         &|s| s.leaders.iter().filter(|l| l.status.isr < l.status.replicas).count() as u64,
+    );
+    family("log_writes_total", "counter", "O_DIRECT segment writes completed.", &|s| s.log_writes);
+    family(
+        "log_write_bytes_total",
+        "counter",
+        "Bytes of completed O_DIRECT segment writes (padding and rewritten partial blocks included).",
+        &|s| s.log_write_bytes,
     );
     family("connections", "gauge", "Open client connections.", &|s| s.connections);
     family("partitions", "gauge", "Partitions owned.", &|s| s.partitions);
@@ -101,6 +108,7 @@ pub fn render(shards: &[MetricsSnapshot]) -> String {
         "How late the shard's 10 ms probe timer fires: what a ready task waits for the reactor.",
         shards.iter().enumerate().map(|(shard, s)| (format!("shard=\"{shard}\""), &s.scheduling_delay)),
     );
+    render_stages(&mut out, shards);
     render_logs(&mut out, shards);
     render_partitions(&mut out, shards);
     let _ = writeln!(
@@ -218,6 +226,36 @@ fn render_latency(out: &mut String, shards: &[MetricsSnapshot]) {
     );
 }
 
+/// `shardlog_stage_duration_seconds`: per shard and [`Stage`], in the stage
+/// histograms' quarter-octave buckets.
+fn render_stages(out: &mut String, shards: &[MetricsSnapshot]) {
+    let _ = writeln!(
+        out,
+        "# HELP shardlog_stage_duration_seconds Time records spend in each step of the data path (per record; fetch_wake per woken fetch).\n# TYPE shardlog_stage_duration_seconds histogram"
+    );
+    for (shard, s) in shards.iter().enumerate() {
+        for (stage, h) in Stage::ALL.iter().zip(&s.stages) {
+            let labels = format!("shard=\"{shard}\",stage=\"{}\"", stage.label());
+            let mut cumulative = 0u64;
+            for (i, n) in h.buckets.iter().enumerate() {
+                cumulative += n;
+                let le = if i < STAGE_BUCKETS {
+                    (stage_bound_ns(i) as f64 / 1e9).to_string()
+                } else {
+                    "+Inf".to_string()
+                };
+                let _ = writeln!(
+                    out,
+                    "shardlog_stage_duration_seconds_bucket{{{labels},le=\"{le}\"}} {cumulative}"
+                );
+            }
+            let sum = h.sum_ns as f64 / 1e9;
+            let _ = writeln!(out, "shardlog_stage_duration_seconds_sum{{{labels}}} {sum}");
+            let _ = writeln!(out, "shardlog_stage_duration_seconds_count{{{labels}}} {cumulative}");
+        }
+    }
+}
+
 /// One Prometheus histogram family `shardlog_{name}`, a series per labels.
 fn render_histogram<'a>(
     out: &mut String,
@@ -295,6 +333,23 @@ mod tests {
         assert!(line(r#"shardlog_request_duration_seconds_bucket{shard="0",api="fetch",le="0.0025"} 0"#));
         assert!(line(r#"shardlog_request_duration_seconds_bucket{shard="0",api="fetch",le="0.005"} 1"#));
         assert!(line(r#"shardlog_request_duration_seconds_count{shard="0",api="admin"} 0"#));
+    }
+
+    #[test]
+    fn stage_histograms_render_cumulative_quarter_octave_buckets() {
+        let stages = crate::metrics::Stages::default();
+        stages.record(Stage::Write, Duration::from_nanos(1_100), 4);
+        stages.record(Stage::Write, Duration::from_micros(30), 1);
+        let snap = MetricsSnapshot { stages: stages.snapshot(), ..MetricsSnapshot::default() };
+        let text = render(&[snap]);
+        let line = |l: &str| text.lines().any(|x| x == l);
+        let w = r#"shardlog_stage_duration_seconds_bucket{shard="0",stage="write""#;
+        assert!(line(&format!(r#"{w},le="0.000001"}} 0"#)), "{text}");
+        assert!(line(&format!(r#"{w},le="0.00000125"}} 4"#)));
+        assert!(line(&format!(r#"{w},le="0.000032"}} 5"#)));
+        assert!(line(&format!(r#"{w},le="+Inf"}} 5"#)));
+        assert!(line(r#"shardlog_stage_duration_seconds_count{shard="0",stage="write"} 5"#));
+        assert!(line(r#"shardlog_stage_duration_seconds_count{shard="0",stage="fetch_wake"} 0"#));
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod cluster;
 use crate::cluster::metadata::ClusterMetadata;
 use crate::cluster::ClusterLink;
 use crate::config::{BrokerConfig, TopicConfig};
+use crate::metrics::Stage;
 use crate::partition::{Partition, PartitionError};
 use crate::topic_error::{TopicOpError, TopicOutcome};
 use crate::topics::{partition_dir, TopicMeta, TopicStore, TopicTable};
@@ -590,6 +591,7 @@ impl ShardContext {
         if self.shutting_down.get() {
             return Err(PartitionError::new(ErrorCode::BrokerShuttingDown, "broker is shutting down"));
         }
+        let started = std::time::Instant::now();
         let p = self.local(topic, partition)?;
         if let Acks::All { .. } = acks {
             p.check_min_insync()?;
@@ -600,6 +602,9 @@ impl ShardContext {
         if let Acks::All { timeout } = acks {
             p.wait_replicated(info.last_offset.0, timeout).await?;
         }
+        let (stages, records) = (&self.log_io_stats().stages, info.last_offset.0 + 1 - info.base_offset.0);
+        stages.record(Stage::ProduceIn, info.enqueued_at.saturating_duration_since(started), records);
+        stages.record(Stage::ProduceOut, info.written_at.elapsed(), records);
         Ok(Appended {
             base_offset: info.base_offset.0,
             log_start_offset: info.log_start_offset.0,

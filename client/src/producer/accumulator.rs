@@ -411,6 +411,7 @@ impl Core {
             buffer_bytes: batch.buffer_bytes,
             attempts: 0,
             sealed_at: std::time::Instant::now(),
+            requested_at: None,
             numbering,
         };
         state.outstanding.insert(sealed.id);

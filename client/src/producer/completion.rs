@@ -27,6 +27,10 @@ pub(crate) struct Landed {
     pub base_offset: i64,
     pub append_time_ms: i64,
     pub acknowledged_at: Instant,
+    /// When the batch was sealed and when the request that landed it was
+    /// handed to its connection (see [`crate::producer::RecordMetadata`]).
+    pub sealed_at: Instant,
+    pub requested_at: Instant,
 }
 
 /// The outcome of one batch and the futures waiting for it.
@@ -147,6 +151,8 @@ impl Future for DeliveryFuture {
                         },
                         timestamp_ms: if l.append_time_ms >= 0 { l.append_time_ms } else { *timestamp_ms },
                         acknowledged_at: l.acknowledged_at,
+                        sealed_at: l.sealed_at,
+                        requested_at: l.requested_at,
                     }),
                     Err(e) => Err(e.clone()),
                 })
@@ -158,6 +164,10 @@ impl Future for DeliveryFuture {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn landed(base_offset: i64, append_time_ms: i64, at: Instant) -> Landed {
+        Landed { base_offset, append_time_ms, acknowledged_at: at, sealed_at: at, requested_at: at }
+    }
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::Wake;
 
@@ -186,7 +196,7 @@ mod tests {
         }
         assert_eq!(c.0.wakers.lock().expect("lock").len(), 5);
         let acked = Instant::now();
-        c.complete(Ok(Landed { base_offset: 40, append_time_ms: -1, acknowledged_at: acked }));
+        c.complete(Ok(landed(40, -1, acked)));
         assert_eq!(counter.0.load(Ordering::SeqCst), 5, "every waiting future woken once");
         for (i, f) in futures.iter_mut().enumerate() {
             let Poll::Ready(Ok(md)) = poll(f, &waker) else { panic!("record {i} not resolved") };
@@ -205,7 +215,7 @@ mod tests {
     fn append_time_and_unknown_offsets() {
         let c = Completion::new(Arc::from("t"), 0);
         let mut f = c.future(2, 7);
-        c.complete(Ok(Landed { base_offset: -1, append_time_ms: 999, acknowledged_at: Instant::now() }));
+        c.complete(Ok(landed(-1, 999, Instant::now())));
         let Poll::Ready(Ok(md)) = poll(&mut f, Waker::noop()) else { panic!("resolved") };
         assert_eq!((md.offset, md.timestamp_ms), (OFFSET_UNKNOWN, 999));
     }
@@ -215,7 +225,7 @@ mod tests {
         let c = Completion::new(Arc::from("t"), 0);
         let mut futures: Vec<_> = (0..3).map(|i| c.future(i, 0)).collect();
         c.complete(Err(ClientError::Timeout));
-        c.complete(Ok(Landed { base_offset: 0, append_time_ms: -1, acknowledged_at: Instant::now() }));
+        c.complete(Ok(landed(0, -1, Instant::now())));
         for f in &mut futures {
             assert!(matches!(poll(f, Waker::noop()), Poll::Ready(Err(ClientError::Timeout))));
         }

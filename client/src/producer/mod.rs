@@ -142,6 +142,15 @@ pub struct RecordMetadata {
     /// publish latency is this minus the instant of its `send`, whenever
     /// the application gets round to awaiting the delivery.
     pub acknowledged_at: std::time::Instant,
+    /// When the record's batch was sealed (closed to more records and
+    /// queued for its broker's sender)...
+    pub sealed_at: std::time::Instant,
+    /// ... and when the request that landed it was handed to the
+    /// connection's writer (its last attempt's, after retries). With
+    /// `acknowledged_at` and the send instant these break a record's
+    /// publish latency down: accumulating, waiting for an in-flight slot,
+    /// the round trip to the broker.
+    pub requested_at: std::time::Instant,
 }
 
 /// Shared by every clone of one producer; dropping the last one sends what

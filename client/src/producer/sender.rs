@@ -100,6 +100,8 @@ pub(crate) struct SealedBatch {
     pub attempts: u32,
     /// When the batch was sealed: retries stop `delivery_timeout` after.
     pub sealed_at: std::time::Instant,
+    /// When the last request carrying it was handed to its connection.
+    pub requested_at: Option<std::time::Instant>,
     /// Idempotence: its place in the partition's sequence numbering.
     pub numbering: Option<Numbering>,
 }
@@ -115,10 +117,13 @@ impl SealedBatch {
             }
         }
         let acknowledged_at = std::time::Instant::now();
+        let (sealed_at, requested_at) = (self.sealed_at, self.requested_at.unwrap_or(acknowledged_at));
         self.completion.complete(outcome.map(|(base_offset, append_time_ms)| Landed {
             base_offset,
             append_time_ms,
             acknowledged_at,
+            sealed_at,
+            requested_at,
         }));
         core.ctx.buffer.add_permits(self.buffer_bytes);
         core.batch_done(self.id, &self.topic, self.partition);
@@ -225,13 +230,17 @@ pub(crate) async fn send_loop(core: Arc<Core>, addr: String, wake: Arc<Notify>) 
         for b in &mut batches {
             b.renumber(&core);
         }
-        let entries = group(batches);
+        let mut entries = group(batches);
         let payload: Vec<Bytes> =
             entries.iter().flat_map(|e| e.batches.iter().map(|b| b.data.clone())).collect();
         let client_id = ctx.cluster.config.client_id.clone();
         let submitted = conn
             .submit(|corr| encode(ctx, &client_id, corr, &entries), payload, ctx.expects_response())
             .await;
+        let requested_at = std::time::Instant::now();
+        for b in entries.iter_mut().flat_map(|e| &mut e.batches) {
+            b.requested_at = Some(requested_at);
+        }
         match submitted {
             Ok(_) if !ctx.expects_response() => {
                 for b in flatten(entries) {
