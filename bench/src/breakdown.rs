@@ -244,7 +244,12 @@ fn quantile_us(counts: &[(u64, u64)], total: u64, q: f64) -> f64 {
 
 /// fio's completion latency for the broker's write pattern (issue 14.6's
 /// floor): O_DIRECT sequential writes of `pattern`'s mean size at its rate,
-/// io_uring, one in flight, for `secs`, into a file under `dir`.
+/// io_uring, one in flight, for `secs`, into a file under `dir`. The file is
+/// new and sized for the whole run (fio preallocates it, as the broker does
+/// its segments), so every write lands on fresh blocks as the broker's do:
+/// a file that wraps would have fio overwrite written blocks, which ext4
+/// completes faster (no unwritten-extent conversion; p50 45 against 77 us
+/// at 80 KB and 430 MB/s here).
 pub fn fio_write_pattern(dir: &Path, pattern: &WritePattern, secs: u64) -> anyhow::Result<FioPattern> {
     let (bs, rate) = (pattern.block_bytes(), pattern.bytes_per_s().ceil() as u64);
     anyhow::ensure!(rate > 0, "the broker wrote nothing in the window");
@@ -258,8 +263,7 @@ pub fn fio_write_pattern(dir: &Path, pattern: &WritePattern, secs: u64) -> anyho
         format!("--bs={bs}"),
         "--iodepth=1".into(),
         format!("--rate={rate}"),
-        "--size=1g".into(),
-        "--time_based".into(),
+        format!("--size={}", (rate * secs).div_ceil(1 << 20).max(64) << 20),
         format!("--runtime={secs}"),
         "--percentile_list=50:99:99.9".into(),
     ];
