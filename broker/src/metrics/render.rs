@@ -236,22 +236,9 @@ fn render_stages(out: &mut String, shards: &[MetricsSnapshot]) {
     for (shard, s) in shards.iter().enumerate() {
         for (stage, h) in Stage::ALL.iter().zip(&s.stages) {
             let labels = format!("shard=\"{shard}\",stage=\"{}\"", stage.label());
-            let mut cumulative = 0u64;
-            for (i, n) in h.buckets.iter().enumerate() {
-                cumulative += n;
-                let le = if i < STAGE_BUCKETS {
-                    (stage_bound_ns(i) as f64 / 1e9).to_string()
-                } else {
-                    "+Inf".to_string()
-                };
-                let _ = writeln!(
-                    out,
-                    "shardlog_stage_duration_seconds_bucket{{{labels},le=\"{le}\"}} {cumulative}"
-                );
-            }
-            let sum = h.sum_ns as f64 / 1e9;
-            let _ = writeln!(out, "shardlog_stage_duration_seconds_sum{{{labels}}} {sum}");
-            let _ = writeln!(out, "shardlog_stage_duration_seconds_count{{{labels}}} {cumulative}");
+            let bound_s = |i: usize| (i < STAGE_BUCKETS).then(|| stage_bound_ns(i) as f64 / 1e9);
+            let name = "stage_duration_seconds";
+            render_series(out, name, &labels, &h.buckets, bound_s, h.sum_ns as f64 / 1e9);
         }
     }
 }
@@ -265,17 +252,29 @@ fn render_histogram<'a>(
 ) {
     let _ = writeln!(out, "# HELP shardlog_{name} {help}\n# TYPE shardlog_{name} histogram");
     for (labels, h) in series {
-        let mut cumulative = 0u64;
-        for (i, n) in h.buckets.iter().enumerate() {
-            cumulative += n;
-            let le =
-                LATENCY_BUCKETS_US.get(i).map_or("+Inf".to_string(), |us| (*us as f64 / 1e6).to_string());
-            let _ = writeln!(out, "shardlog_{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
-        }
-        let sum = h.sum_us as f64 / 1e6;
-        let _ = writeln!(out, "shardlog_{name}_sum{{{labels}}} {sum}");
-        let _ = writeln!(out, "shardlog_{name}_count{{{labels}}} {cumulative}");
+        let bound_s = |i: usize| LATENCY_BUCKETS_US.get(i).map(|us| *us as f64 / 1e6);
+        render_series(out, name, &labels, &h.buckets, bound_s, h.sum_us as f64 / 1e6);
     }
+}
+
+/// One series of a histogram family: cumulative buckets (`bound_s(i)` is
+/// bucket `i`'s upper bound in seconds, `None` for the last, +Inf), sum and count.
+fn render_series(
+    out: &mut String,
+    name: &str,
+    labels: &str,
+    buckets: &[u64],
+    bound_s: impl Fn(usize) -> Option<f64>,
+    sum_s: f64,
+) {
+    let mut cumulative = 0u64;
+    for (i, n) in buckets.iter().enumerate() {
+        cumulative += n;
+        let le = bound_s(i).map_or("+Inf".to_string(), |b| b.to_string());
+        let _ = writeln!(out, "shardlog_{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "shardlog_{name}_sum{{{labels}}} {sum_s}");
+    let _ = writeln!(out, "shardlog_{name}_count{{{labels}}} {cumulative}");
 }
 
 /// Per partition log (at most `metrics_partitions_max` per shard): its
