@@ -38,6 +38,23 @@ fn tmpfs_falls_back_to_buffered_io() {
         check_against(&expected, &read_all(&log, 17, 5000).await, 17);
         log.close().await.unwrap();
     });
+    // Nothing is preallocated on tmpfs: fallocate there allocates (and
+    // zeroes) every page up front, a stall for the write behind it.
+    let big = tmp.path().join("t-1");
+    run(async {
+        let log = Log::open(big.clone(), small_config(64 << 20, 512, FlushPolicy::Never)).await.unwrap();
+        for i in 0..10 {
+            append_one(&log, &make_batch(3, 333, 1, i), 0).await;
+        }
+        let allocated: u64 = std::fs::read_dir(&big)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .map(|p| std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(p).unwrap()) * 512)
+            .sum();
+        assert!(allocated <= 64 << 10, "{allocated} bytes allocated for about 10 KB of data");
+        log.close().await.unwrap();
+    });
     let disk = tempfile::tempdir().unwrap();
     run(async {
         let log = Log::open(disk.path().join("t-0"), small_config(16 << 10, 512, FlushPolicy::Never))

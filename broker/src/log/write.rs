@@ -134,7 +134,13 @@ impl State {
             (buf, len, data_len)
         };
         let write_end = pos + len as u64;
-        let prealloc_to = (write_end > a.allocated).then(|| {
+        // On tmpfs (no direct I/O) nothing is preallocated: there are no
+        // extents to keep contiguous, and fallocate there allocates and
+        // zeroes every page up front (80 ms for a 256 MiB step on these
+        // machines) while the write behind it waits. Measured at 300 k
+        // records/s of 1 KB: publish p99 1.6 ms without, 67-100 ms with
+        // 32-256 MiB steps.
+        let prealloc_to = (sh.direct_io && write_end > a.allocated).then(|| {
             let segment_bytes = align_up(sh.config.segment_bytes.min(SEGMENT_BYTES_CAP), block);
             let step = a.allocated.clamp(PREALLOC_BYTES_STEP_MIN, PREALLOC_BYTES_STEP);
             (a.allocated + step).min(segment_bytes).max(write_end)
