@@ -223,13 +223,19 @@ impl HotWindow {
     /// `pos` (which the caller guarantees is a batch boundary). Call
     /// [`HotTailBudget::enforce`] after the borrow ends.
     pub(crate) fn push(&mut self, segment: u64, pos: u64, bytes: &[u8]) {
-        if !self.enabled() || bytes.is_empty() {
+        self.push_parts(segment, pos, [bytes, &[]]);
+    }
+
+    /// [`Self::push`] of the concatenation of `parts` (a write's bytes may
+    /// lie in two buffers), copied once.
+    pub(crate) fn push_parts(&mut self, segment: u64, pos: u64, parts: [&[u8]; 2]) {
+        let len = (parts[0].len() + parts[1].len()) as u64;
+        if !self.enabled() || len == 0 {
             return;
         }
         if segment != self.segment || pos != self.end {
             self.reset(segment, pos);
         }
-        let len = bytes.len() as u64;
         if len > self.cap {
             // Larger than the window: keep none of it rather than a piece
             // that does not start on a batch boundary.
@@ -237,7 +243,10 @@ impl HotWindow {
             return;
         }
         while self.held_bytes() + len > self.cap && self.drop_front(false) {}
-        self.pieces.push_back((pos, Bytes::copy_from_slice(bytes)));
+        let mut piece = bytes::BytesMut::with_capacity(len as usize);
+        piece.extend_from_slice(parts[0]);
+        piece.extend_from_slice(parts[1]);
+        self.pieces.push_back((pos, piece.freeze()));
         self.end = pos + len;
         self.budget.used.set(self.budget.used.get() + len);
         self.budget.touch(self.id, true);

@@ -386,7 +386,7 @@ struct WriteJob {
     /// The write handle when it was open at issue; else opened by the write.
     file: Option<Rc<WriteFile>>,
     path: PathBuf,
-    buf: Rc<DmaBuffer>,
+    buf: write::WriteBuf,
     pos: u64,
     /// End of the real data in `buf` (the rest is padding).
     data_end: u64,

@@ -112,7 +112,7 @@ impl State {
             let buf = a.fill.pop_front().expect("a full chunk");
             a.fill_start += CHUNK_BYTES as u64;
             a.fill_len -= CHUNK_BYTES;
-            (buf, CHUNK_BYTES, CHUNK_BYTES)
+            (WriteBuf::whole(buf), CHUNK_BYTES, CHUNK_BYTES)
         } else {
             // Less than a chunk: the data goes out in a buffer of its own
             // aligned size, and the fill chunk stays, its partial last block
@@ -123,9 +123,14 @@ impl State {
             let data_len = a.fill_len;
             let len = align_up(data_len as u64, block) as usize;
             let front = a.fill.front_mut().expect("the fill holds the unwritten data");
-            let mut buf = glommio::allocate_dma_buffer(len);
-            buf.as_bytes_mut()[..data_len].copy_from_slice(&front.as_bytes()[..data_len]);
-            buf.as_bytes_mut()[data_len..].fill(0);
+            // A write that starts by rewriting the partial block an earlier
+            // write ended in goes out as two: that block, and the rest. ext4
+            // issues an O_DIRECT write without blocking (no io_uring worker,
+            // no thread hop) only when one extent maps its whole range, and
+            // the rewritten block is written while the rest is still
+            // preallocated (unwritten).
+            let head = (a.written_pos > pos && len > block as usize).then_some(block as usize);
+            let buf = WriteBuf::copied(&front.as_bytes()[..data_len], len, head);
             let keep_from = align_down(data_len as u64, block) as usize;
             let carry = data_len - keep_from;
             front.as_bytes_mut().copy_within(keep_from..data_len, 0);
@@ -157,7 +162,7 @@ impl State {
             base: a.base,
             file: a.file.clone(),
             path: a.path.clone(),
-            buf: Rc::new(buf),
+            buf,
             pos,
             data_end: pos + data_len as u64,
             prealloc_to,
@@ -183,7 +188,6 @@ impl State {
             a.written_next = m.next;
             a.unwritten_batches.pop_front();
         }
-        let bytes = job.buf.as_bytes();
         if sh.hot.borrow().enabled() {
             a.stage_hot(&sh.hot, before, &job);
         }
@@ -191,18 +195,20 @@ impl State {
             a.tail_start = align_down(a.written_pos, block);
             assert!(a.tail_start >= job.pos, "the new partial block is in this write");
             a.tail.clear();
-            a.tail.extend_from_slice(
-                &bytes[(a.tail_start - job.pos) as usize..(a.written_pos - job.pos) as usize],
-            );
+            for part in job.buf.slices((a.tail_start - job.pos) as usize, (a.written_pos - job.pos) as usize)
+            {
+                a.tail.extend_from_slice(part);
+            }
         }
+        let len = job.buf.len() as u64;
         self.stats.writes += 1;
-        self.stats.bytes_written += bytes.len() as u64;
+        self.stats.bytes_written += len;
         sh.io_stats.writes.set(sh.io_stats.writes.get() + 1);
-        sh.io_stats.write_bytes.set(sh.io_stats.write_bytes.get() + bytes.len() as u64);
+        sh.io_stats.write_bytes.set(sh.io_stats.write_bytes.get() + len);
         self.bytes_since_sync += a.written_pos - before;
         // A whole chunk (a full one, or a partial one padded to its size) is kept for reuse.
-        if job.buf.len() == CHUNK_BYTES && a.spare.len() < SPARE_CHUNKS_MAX {
-            if let Ok(buf) = Rc::try_unwrap(job.buf) {
+        if a.spare.len() < SPARE_CHUNKS_MAX {
+            if let Some(buf) = job.buf.into_chunk() {
                 a.spare.push(buf);
             }
         }
@@ -385,8 +391,9 @@ pub(super) async fn run_write(sh: &Rc<Shared>, job: &WriteJob) -> Result<(), Log
         .await
         .map_err(|e| LogError::io("writing segment", &job.path, e))?;
     let len = job.buf.len();
-    let n = file
-        .write_rc_at(job.buf.clone(), job.pos)
+    let n = job
+        .buf
+        .write(&file, job.pos)
         .await
         .map_err(|e| LogError::glommio("writing segment", &job.path, e))?;
     if n != len {
@@ -605,20 +612,23 @@ impl Active {
     /// to the hot tail window, directly from the write buffer when they all
     /// lie in it, else through `hot_staged` (a batch that spans writes).
     pub(super) fn stage_hot(&mut self, hot: &RefCell<hot::HotWindow>, before: u64, job: &WriteJob) {
-        let bytes = job.buf.as_bytes();
-        let at = |p: u64| (p - job.pos) as usize;
+        let bytes = |from: u64, to: u64| job.buf.slices((from - job.pos) as usize, (to - job.pos) as usize);
         let staged_end = before + self.hot_staged.len() as u64;
         assert!(job.pos <= staged_end, "writes are contiguous");
         if self.hot_staged.is_empty() {
             if self.written_pos > before {
-                hot.borrow_mut().push(self.base, before, &bytes[at(before)..at(self.written_pos)]);
+                hot.borrow_mut().push_parts(self.base, before, bytes(before, self.written_pos));
             }
             if job.data_end > self.written_pos {
-                self.hot_staged.extend_from_slice(&bytes[at(self.written_pos)..at(job.data_end)]);
+                for part in bytes(self.written_pos, job.data_end) {
+                    self.hot_staged.extend_from_slice(part);
+                }
             }
         } else {
             if job.data_end > staged_end {
-                self.hot_staged.extend_from_slice(&bytes[at(staged_end)..at(job.data_end)]);
+                for part in bytes(staged_end, job.data_end) {
+                    self.hot_staged.extend_from_slice(part);
+                }
             }
             if self.written_pos > before {
                 let n = (self.written_pos - before) as usize;
@@ -646,5 +656,105 @@ impl Active {
             bytes = &bytes[n..];
             at += n;
         }
+    }
+}
+
+/// The bytes of one O_DIRECT write: one aligned buffer, or (`head`) its first
+/// block apart from the rest, written as two writes in flight together.
+pub(super) struct WriteBuf {
+    head: Option<Rc<DmaBuffer>>,
+    body: Rc<DmaBuffer>,
+}
+
+impl WriteBuf {
+    pub(super) fn whole(buf: DmaBuffer) -> Self {
+        Self { head: None, body: Rc::new(buf) }
+    }
+
+    /// `data` copied into `len` aligned bytes (zero padded); the first
+    /// `head` bytes in a buffer of their own when given.
+    pub(super) fn copied(data: &[u8], len: usize, head: Option<usize>) -> Self {
+        let fill = |data: &[u8], len: usize| {
+            let mut buf = glommio::allocate_dma_buffer(len);
+            let n = data.len().min(len);
+            buf.as_bytes_mut()[..n].copy_from_slice(&data[..n]);
+            buf.as_bytes_mut()[n..].fill(0);
+            Rc::new(buf)
+        };
+        match head {
+            Some(h) => {
+                let (front, rest) = data.split_at(h.min(data.len()));
+                Self { head: Some(fill(front, h)), body: fill(rest, len - h) }
+            }
+            None => Self { head: None, body: fill(data, len) },
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.head.as_ref().map_or(0, |h| h.len()) + self.body.len()
+    }
+
+    /// Bytes `[from, to)` of the write, as up to two slices in order.
+    pub(super) fn slices(&self, from: usize, to: usize) -> [&[u8]; 2] {
+        let head = self.head.as_ref().map_or(&[][..], |h| h.as_bytes());
+        let h = head.len();
+        let body = self.body.as_bytes();
+        [&head[from.min(h)..to.min(h)], &body[from.max(h) - h..to.max(h) - h]]
+    }
+
+    /// Writes it at `pos`; the two parts of a split write are in flight
+    /// together. The bytes written (all, unless the disk is full).
+    pub(super) async fn write(&self, file: &DmaFile, pos: u64) -> glommio::Result<usize, ()> {
+        match &self.head {
+            None => file.write_rc_at(self.body.clone(), pos).await,
+            Some(head) => {
+                let (h, b) = futures_lite::future::zip(
+                    file.write_rc_at(head.clone(), pos),
+                    file.write_rc_at(self.body.clone(), pos + head.len() as u64),
+                )
+                .await;
+                let h = h?;
+                // A short first part leaves a hole: count only what is contiguous.
+                Ok(if h < head.len() { h } else { h + b? })
+            }
+        }
+    }
+
+    /// The buffer back for reuse as a fill chunk, when it is a whole one.
+    pub(super) fn into_chunk(self) -> Option<DmaBuffer> {
+        if self.head.is_some() || self.body.len() != CHUNK_BYTES {
+            return None;
+        }
+        Rc::try_unwrap(self.body).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_split_write_buffer_reads_as_one() {
+        let ex = glommio::LocalExecutorBuilder::default().make().expect("executor");
+        ex.run(async {
+            let data: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+            let whole = WriteBuf::copied(&data, 12_288, None);
+            let split = WriteBuf::copied(&data, 12_288, Some(4096));
+            assert!(split.head.is_some() && whole.head.is_none());
+            assert_eq!((whole.len(), split.len()), (12_288, 12_288));
+            let joined = |b: &WriteBuf, from, to| b.slices(from, to).concat();
+            for (from, to) in
+                [(0, 12_288), (0, 4096), (4096, 4096), (100, 4096), (4000, 4200), (5000, 10_000)]
+            {
+                assert_eq!(joined(&split, from, to), joined(&whole, from, to), "{from}..{to}");
+            }
+            assert_eq!(joined(&split, 0, 10_000), data);
+            assert!(joined(&split, 10_000, 12_288).iter().all(|&b| b == 0), "padding is zeros");
+            // A head longer than the data: the rest is all padding.
+            let short = WriteBuf::copied(&data[..100], 8192, Some(4096));
+            assert_eq!(&joined(&short, 0, 100)[..], &data[..100]);
+            assert!(joined(&short, 100, 8192).iter().all(|&b| b == 0));
+            assert!(split.into_chunk().is_none(), "a split buffer is not a fill chunk");
+        });
     }
 }
