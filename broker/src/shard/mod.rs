@@ -749,9 +749,13 @@ impl ShardContext {
     /// Sends a topic change to every shard; the first failure is returned
     /// (each is logged).
     async fn broadcast(self: &Rc<Self>, topic: &str, op: impl Fn() -> ShardOp) -> Result<(), TopicOpError> {
+        // Every shard applies the change at once (a topic of many partitions
+        // is created on all cores together, not one shard after another);
+        // the replies are judged in shard order.
+        let calls: Vec<_> = (0..self.shard_count).map(|s| self.call(ShardId(s), op())).collect();
         let mut first_error = None;
-        for s in 0..self.shard_count {
-            let err = match self.call(ShardId(s), op()).await {
+        for (s, reply) in (0..self.shard_count).zip(join_all(calls).await) {
+            let err = match reply {
                 ShardReply::Done(Ok(())) => continue,
                 ShardReply::Done(Err(e)) => e,
                 ShardReply::Unavailable => {
