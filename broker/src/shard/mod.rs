@@ -14,6 +14,9 @@
 //! **API boundary**: `shard` never parses frames (that is `net`/`dispatch`).
 
 mod cluster;
+mod join;
+
+pub use join::join_all;
 
 use crate::cluster::metadata::ClusterMetadata;
 use crate::cluster::ClusterLink;
@@ -776,29 +779,3 @@ impl ShardContext {
 
 /// Partitions a shard opens at once when it applies a topic.
 const OPEN_PARTITIONS_AT_ONCE: usize = 64;
-
-/// Runs `futures` concurrently on the calling task; their outputs in order.
-/// Each wake polls every unfinished one, so keep the set small (a wave).
-pub async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
-    use std::task::Poll;
-    let mut futures: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    futures_lite::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, out) in futures.iter_mut().zip(outputs.iter_mut()) {
-            if out.is_none() {
-                match f.as_mut().poll(cx) {
-                    Poll::Ready(v) => *out = Some(v),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().map(|o| o.expect("every future ran to completion")).collect()
-}
