@@ -15,6 +15,7 @@ pub mod dispatch;
 pub mod fault;
 pub mod group;
 pub mod io;
+pub mod join;
 pub mod kafka;
 pub mod log;
 pub mod metrics;

@@ -138,7 +138,13 @@ impl Partition {
         options: LogOptions,
     ) -> Result<Partition, LogError> {
         let log = Log::open_with(dir, config.clone(), options).await?;
-        Ok(Partition {
+        Ok(Partition::with_log(log, topic, id, config))
+    }
+
+    /// A partition over a log already open (`Log::open_wave`).
+    #[must_use]
+    pub fn with_log(log: Log, topic: Rc<str>, id: u32, config: TopicConfig) -> Partition {
+        Partition {
             topic,
             id,
             log,
@@ -146,7 +152,7 @@ impl Partition {
             leader_epoch: Cell::new(0),
             data: Rc::default(),
             replica: crate::replica::Replica::default(),
-        })
+        }
     }
 
     /// Validates and appends whole batches; wakes waiting fetches.

@@ -15,7 +15,7 @@ type AppendFuture<'a> = Pin<Box<dyn Future<Output = Result<AppendInfo, LogError>
 
 /// Polls every future until all are done; the appends' outcomes in order.
 async fn join_in_order(futures: Vec<AppendFuture<'_>>) -> Vec<AppendInfo> {
-    shardlog_broker::shard::join_all(futures).await.into_iter().map(|r| r.expect("append")).collect()
+    shardlog_broker::join::join_all(futures).await.into_iter().map(|r| r.expect("append")).collect()
 }
 
 /// An append of `batches` batches of `records` records of `value_bytes`,

@@ -88,7 +88,7 @@ pub use files::{
 pub use hot::{HotTailBudget, HOT_TAIL_LOG_BYTES_DEFAULT, HOT_TAIL_SHARD_BYTES_DEFAULT};
 pub use options::{IoStats, LogOptions};
 pub use segment::SegmentFile;
-use state::{remove_if_exists, remove_segment_files, sync_dir};
+use state::{remove_if_exists, remove_segment_files, sync_dir, sync_filesystem};
 
 use crate::config::{FlushPolicy, TopicConfig};
 use bytes::Bytes;
@@ -441,12 +441,47 @@ impl Log {
     /// Opens (creating if needed) the log in `dir` and recovers it, with
     /// [`LogOptions::default`] (the thread's shared hot-tail budget).
     pub async fn open(dir: PathBuf, config: TopicConfig) -> Result<Log, LogError> {
-        recovery::open(dir, config, LogOptions::default()).await
+        Log::open_with(dir, config, LogOptions::default()).await
     }
 
     /// [`Log::open`] with shard-level options (the shard's hot-tail budget).
+    /// A log it creates is durable (directory, entry, files) on return.
     pub async fn open_with(dir: PathBuf, config: TopicConfig, options: LogOptions) -> Result<Log, LogError> {
-        recovery::open(dir, config, options).await
+        let (log, created) = recovery::open(dir, config, options).await?;
+        if created {
+            sync_filesystem(&log.sh.dir).await.map_err(|e| LogError::io("syncfs", &log.sh.dir, e))?;
+        }
+        Ok(log)
+    }
+
+    /// [`Log::open_with`] for a wave of logs at once (a new topic's
+    /// partitions): they open concurrently, and the ones created are made
+    /// durable together by one `syncfs` before any is returned, instead of
+    /// an fsync of each file and directory. Keep a wave small (tens): each
+    /// wake polls every open still running.
+    pub async fn open_wave(
+        dirs: Vec<PathBuf>,
+        config: &TopicConfig,
+        options: &LogOptions,
+    ) -> Vec<Result<Log, LogError>> {
+        let opens = dirs.into_iter().map(|dir| recovery::open(dir, config.clone(), options.clone()));
+        let opened = crate::join::join_all(opens.collect()).await;
+        let Some(dir) = opened.iter().find_map(|o| o.as_ref().ok().filter(|(_, created)| *created)) else {
+            return opened.into_iter().map(|o| o.map(|(log, _)| log)).collect();
+        };
+        // One error, given to each log created (each names its own dir).
+        let synced = sync_filesystem(&dir.0.sh.dir).await.map_err(|e| (e.raw_os_error(), e.kind()));
+        opened
+            .into_iter()
+            .map(|o| match (o?, synced) {
+                ((log, true), Err((code, kind))) => {
+                    let e =
+                        code.map_or_else(|| std::io::Error::from(kind), std::io::Error::from_raw_os_error);
+                    Err(LogError::io("syncfs", &log.sh.dir, e))
+                }
+                ((log, _), _) => Ok(log),
+            })
+            .collect()
     }
 
     /// Bytes of this log held in its hot tail window now.

@@ -1,5 +1,5 @@
-//! Opening a log: recovery of segments after a clean or unclean shutdown;
-//! and `truncate_to`, which reuses the same scan.
+//! Opening a log: creation of a new one, recovery of segments after a
+//! clean or unclean shutdown; and `truncate_to`, which reuses the same scan.
 
 use super::*;
 use producers::BatchSeq;
@@ -28,6 +28,12 @@ async fn check_metadata(dir: &Path) -> Result<(), LogError> {
     let path = dir.join(METADATA_FILE);
     // One-off small read at open.
     match std::fs::read(&path) {
+        // A creation that crashed before its files were made durable can
+        // leave the file empty (delayed allocation): written again.
+        Ok(bytes) if bytes.is_empty() => {
+            tracing::info!(path = %path.display(), "empty partition metadata (an interrupted creation): rewriting it");
+            write_metadata_durably(dir).await
+        }
         Ok(bytes) => {
             let v: serde_json::Value = serde_json::from_slice(&bytes)
                 .map_err(|e| LogError::Corrupt { path: path.clone(), what: format!("not JSON: {e}") })?;
@@ -39,13 +45,18 @@ async fn check_metadata(dir: &Path) -> Result<(), LogError> {
                 }),
             }
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let json = serde_json::json!({ "version": METADATA_VERSION }).to_string().into_bytes();
-            segment::write_file_durably(&path, json).await?;
-            sync_dir(dir).await
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => write_metadata_durably(dir).await,
         Err(e) => Err(LogError::io("reading", &path, e)),
     }
+}
+
+fn metadata_json() -> Vec<u8> {
+    serde_json::json!({ "version": METADATA_VERSION }).to_string().into_bytes()
+}
+
+async fn write_metadata_durably(dir: &Path) -> Result<(), LogError> {
+    segment::write_file_durably(&dir.join(METADATA_FILE), metadata_json()).await?;
+    sync_dir(dir).await
 }
 
 /// Segment base offsets in `dir`, sorted, with each `.log` size. Removes
@@ -173,22 +184,50 @@ async fn scan_segment(
     Ok(scan)
 }
 
-pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions) -> Result<Log, LogError> {
+/// What opening a log found on disk, before its state is assembled.
+struct Found {
+    closed: VecDeque<ClosedSegment>,
+    closed_bytes: u64,
+    base: u64,
+    file: DmaFile,
+    scan: Scan,
+    /// The active segment's bytes after its last whole block.
+    tail: Vec<u8>,
+    point_written: recovery_point::Written,
+    producers: producers::ProducerStates,
+    epochs: epochs::LeaderEpochs,
+    /// A clean-shutdown marker was read (removed once the log is open).
+    marker: bool,
+}
+
+/// Opens the log in `dir`, creating it when the directory does not exist.
+/// Returns whether it was created: a new directory and its files are not
+/// yet durable, and the caller makes them so (`sync_filesystem`) before
+/// it hands the log out.
+pub(super) async fn open(
+    dir: PathBuf,
+    config: TopicConfig,
+    options: LogOptions,
+) -> Result<(Log, bool), LogError> {
     crate::fault::hit(crate::fault::FaultPoint::RecoveryRead, &dir)
         .await
         .map_err(|e| LogError::io("opening log", &dir, e))?;
-    // Blocking metadata calls (mkdir -p, statfs, readdir) that glommio has
-    // no async versions of run on its blocking thread pool: a topic created
+    // Blocking metadata calls (mkdir, statfs, readdir) that glommio has no
+    // async versions of run on its blocking thread pool: a topic created
     // while the shard serves opens its logs without stalling the reactor.
-    let direct_io = {
+    let (direct_io, created) = {
         let dir = dir.clone();
         glommio::executor()
             .spawn_blocking(move || {
-                std::fs::create_dir_all(&dir).map_err(|e| LogError::io("creating directory", &dir, e))?;
-                is_tmpfs(&dir).map(|tmpfs| !tmpfs)
+                let created = make_dir(&dir)?;
+                Ok::<_, LogError>((!is_tmpfs(&dir)?, created))
             })
             .await?
     };
+    if created {
+        // Not yet durable (see above).
+        segment::write_file(&dir.join(METADATA_FILE), metadata_json(), false).await?;
+    }
     if !direct_io {
         tracing::warn!(
             dir = %dir.display(),
@@ -199,70 +238,16 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
     if direct_io {
         segment::settle_iopoll_probe(&dir).await?;
     }
-    check_metadata(&dir).await?;
-    finish_swaps(&dir).await?;
-    let marker = read_marker(&dir);
-    let mut segments = {
-        let dir = dir.clone();
-        glommio::executor().spawn_blocking(move || list_segments(&dir)).await?
-    };
-    let mut closed = VecDeque::new();
-    let mut closed_bytes = 0;
-    let mut i = 0;
-    while i + 1 < segments.len() {
-        let (base, size) = segments[i];
-        let next_base = segments[i + 1].0;
-        let summary = match segment::read_summary(&dir, base, size).await {
-            Some(s) if s.next_offset <= next_base => s,
-            _ => {
-                let scan = scan_segment(&dir, base, size, next_base, &config).await?;
-                if scan.valid_bytes != size || scan.next_offset > next_base {
-                    tracing::warn!(
-                        dir = %dir.display(), segment = base, next_offset = scan.next_offset,
-                        dropped_segments = segments.len() - i - 1,
-                        "damaged sealed segment: the log ends here; later segments are removed"
-                    );
-                    for &(b, _) in segments[i + 1..].iter().rev() {
-                        remove_segment_files(&dir, b).await?;
-                    }
-                    segments.truncate(i + 1);
-                    break;
-                }
-                let s = scan.index.summary(size, scan.next_offset);
-                let ix = index::encode_index(&scan.index.entries, &s);
-                let tx = index::encode_time_index(&scan.index.times);
-                segment::write_file_durably(&segment::segment_path(&dir, base, TIME_INDEX_EXT), tx).await?;
-                segment::write_file_durably(&segment::segment_path(&dir, base, INDEX_EXT), ix).await?;
-                tracing::info!(dir = %dir.display(), segment = base, "rebuilt segment indexes");
-                s
-            }
-        };
-        closed.push_back(ClosedSegment::new(base, summary, ReaderSlot::new(&options.files), &options.files));
-        closed_bytes += size;
-        i += 1;
-    }
-    let (base, size) = segments.last().copied().unwrap_or((0, 0));
-    options.files.admit();
-    let (file, reader, scan, resumed) = open_last(&dir, base, size, &config, marker.as_ref()).await?;
-    let block = BLOCK_BYTES_MIN.max(file.alignment());
-    assert!(block.is_power_of_two(), "block size is a power of two");
-    let path = segment::segment_path(&dir, base, LOG_EXT);
-    let tail_start = align_down(scan.valid_bytes, block);
-    let tail = if scan.valid_bytes == tail_start {
-        Vec::new()
+    let found = if created {
+        create(&dir, &config, &options).await?
     } else {
-        reader.read_bytes(tail_start, (scan.valid_bytes - tail_start) as usize).await?
+        recover(&dir, &config, &options).await?
     };
-    // The recovery read handle is not kept: reads at the log end come from
-    // memory, and the first one that does not reopens it lazily.
-    drop(reader);
+    let Found { closed, closed_bytes, base, file, scan, tail, point_written, producers, epochs, marker } =
+        found;
+    let block = BLOCK_BYTES_MIN.max(file.alignment());
+    let path = segment::segment_path(&dir, base, LOG_EXT);
     let file = counted_write_file(file, &options.files);
-    let (point_written, point_producers) = match resumed {
-        Some((w, producers)) => (w, Some(producers)),
-        None => (recovery_point::Written::default(), None),
-    };
-    let producers = idempotence::rebuild(&dir, &scan, scan.next_offset, point_producers);
-    let epochs = epochs::LeaderEpochs::load(&dir, scan.next_offset);
     let active = Active::new(base, path, file, ReaderSlot::new(&options.files), scan, tail);
     let hot =
         hot::HotWindow::new(options.hot_tail.clone(), options.hot_tail_log_bytes_max, base, active.end_pos);
@@ -315,14 +300,131 @@ pub(super) async fn open(dir: PathBuf, config: TopicConfig, options: LogOptions)
         recovery_point_writing: Cell::new(false),
     });
     touch_write_file(&sh);
-    if marker.is_some() {
+    if marker {
         remove_if_exists(&sh.dir.join(CLEAN_SHUTDOWN_FILE)).await?;
     }
-    sync_dir(&sh.dir).await?;
+    if !created {
+        sync_dir(&sh.dir).await?;
+    }
     if let Some(every) = interval {
         glommio::spawn_local(flush_timer(Rc::downgrade(&sh), every)).detach();
     }
-    Ok(Log { sh })
+    Ok((Log { sh }, created))
+}
+
+/// Makes `dir` (and its parent when missing); whether it was new.
+fn make_dir(dir: &Path) -> Result<bool, LogError> {
+    let made = match std::fs::create_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = dir.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| LogError::io("creating directory", parent, e))?;
+            }
+            std::fs::create_dir(dir)
+        }
+        other => other,
+    };
+    match made {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(LogError::io("creating directory", dir, e)),
+    }
+}
+
+/// A new log: an empty first segment, nothing to recover or probe for.
+async fn create(dir: &Path, config: &TopicConfig, options: &LogOptions) -> Result<Found, LogError> {
+    options.files.admit();
+    let file = open_dma(&segment::segment_path(dir, 0, LOG_EXT), false).await?;
+    Ok(Found {
+        closed: VecDeque::new(),
+        closed_bytes: 0,
+        base: 0,
+        file,
+        scan: Scan::start(0, config.index_interval_bytes),
+        tail: Vec::new(),
+        point_written: recovery_point::Written::default(),
+        producers: producers::ProducerStates::default(),
+        epochs: epochs::LeaderEpochs::default(),
+        marker: false,
+    })
+}
+
+/// An existing log: finishes interrupted compactions, checks sealed
+/// segments and recovers the active one (`open_last`).
+async fn recover(dir: &Path, config: &TopicConfig, options: &LogOptions) -> Result<Found, LogError> {
+    check_metadata(dir).await?;
+    finish_swaps(dir).await?;
+    let marker = read_marker(dir);
+    let mut segments = {
+        let dir = dir.to_path_buf();
+        glommio::executor().spawn_blocking(move || list_segments(&dir)).await?
+    };
+    let mut closed = VecDeque::new();
+    let mut closed_bytes = 0;
+    let mut i = 0;
+    while i + 1 < segments.len() {
+        let (base, size) = segments[i];
+        let next_base = segments[i + 1].0;
+        let summary = match segment::read_summary(dir, base, size).await {
+            Some(s) if s.next_offset <= next_base => s,
+            _ => {
+                let scan = scan_segment(dir, base, size, next_base, config).await?;
+                if scan.valid_bytes != size || scan.next_offset > next_base {
+                    tracing::warn!(
+                        dir = %dir.display(), segment = base, next_offset = scan.next_offset,
+                        dropped_segments = segments.len() - i - 1,
+                        "damaged sealed segment: the log ends here; later segments are removed"
+                    );
+                    for &(b, _) in segments[i + 1..].iter().rev() {
+                        remove_segment_files(dir, b).await?;
+                    }
+                    segments.truncate(i + 1);
+                    break;
+                }
+                let s = scan.index.summary(size, scan.next_offset);
+                let ix = index::encode_index(&scan.index.entries, &s);
+                let tx = index::encode_time_index(&scan.index.times);
+                segment::write_file_durably(&segment::segment_path(dir, base, TIME_INDEX_EXT), tx).await?;
+                segment::write_file_durably(&segment::segment_path(dir, base, INDEX_EXT), ix).await?;
+                tracing::info!(dir = %dir.display(), segment = base, "rebuilt segment indexes");
+                s
+            }
+        };
+        closed.push_back(ClosedSegment::new(base, summary, ReaderSlot::new(&options.files), &options.files));
+        closed_bytes += size;
+        i += 1;
+    }
+    let (base, size) = segments.last().copied().unwrap_or((0, 0));
+    options.files.admit();
+    let (file, reader, scan, resumed) = open_last(dir, base, size, config, marker.as_ref()).await?;
+    let block = BLOCK_BYTES_MIN.max(file.alignment());
+    assert!(block.is_power_of_two(), "block size is a power of two");
+    let tail_start = align_down(scan.valid_bytes, block);
+    let tail = if scan.valid_bytes == tail_start {
+        Vec::new()
+    } else {
+        reader.read_bytes(tail_start, (scan.valid_bytes - tail_start) as usize).await?
+    };
+    // The recovery read handle is not kept: reads at the log end come from
+    // memory, and the first one that does not reopens it lazily.
+    drop(reader);
+    let (point_written, point_producers) = match resumed {
+        Some((w, producers)) => (w, Some(producers)),
+        None => (recovery_point::Written::default(), None),
+    };
+    let producers = idempotence::rebuild(dir, &scan, scan.next_offset, point_producers);
+    let epochs = epochs::LeaderEpochs::load(dir, scan.next_offset);
+    Ok(Found {
+        closed,
+        closed_bytes,
+        base,
+        file,
+        scan,
+        tail,
+        point_written,
+        producers,
+        epochs,
+        marker: marker.is_some(),
+    })
 }
 
 /// A recovery point an unclean open resumed from: where it stands, and

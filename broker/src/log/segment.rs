@@ -429,6 +429,13 @@ async fn close_quietly(f: SegmentFile) {
 
 /// Writes `bytes` as the whole content of `path` and fdatasyncs it.
 pub(crate) async fn write_file_durably(path: &Path, bytes: Vec<u8>) -> Result<(), LogError> {
+    write_file(path, bytes, true).await
+}
+
+/// Writes `bytes` as the whole content of `path`, through io_uring (new
+/// files are made in parallel, not one after another on the blocking
+/// thread); fdatasyncs it when `durable`.
+pub(crate) async fn write_file(path: &Path, bytes: Vec<u8>, durable: bool) -> Result<(), LogError> {
     let f = OpenOptions::new()
         .write(true)
         .create(true)
@@ -443,7 +450,9 @@ pub(crate) async fn write_file_durably(path: &Path, bytes: Vec<u8>) -> Result<()
             return Err(LogError::io("writing (short write)", path, std::io::ErrorKind::StorageFull.into()));
         }
     }
-    f.fdatasync().await.map_err(|e| LogError::glommio("fdatasync", path, e))?;
+    if durable {
+        f.fdatasync().await.map_err(|e| LogError::glommio("fdatasync", path, e))?;
+    }
     f.close().await.map_err(|e| LogError::glommio("closing", path, e))?;
     Ok(())
 }

@@ -14,13 +14,11 @@
 //! **API boundary**: `shard` never parses frames (that is `net`/`dispatch`).
 
 mod cluster;
-mod join;
-
-pub use join::join_all;
 
 use crate::cluster::metadata::ClusterMetadata;
 use crate::cluster::ClusterLink;
 use crate::config::{BrokerConfig, TopicConfig};
+use crate::join::join_all;
 use crate::metrics::Stage;
 use crate::partition::{Partition, PartitionError};
 use crate::topic_error::{TopicOpError, TopicOutcome};
@@ -372,16 +370,17 @@ impl ShardContext {
         let mut slots: Vec<Option<Rc<Partition>>> = vec![None; meta.partitions as usize];
         let mine: Vec<u32> =
             (0..meta.partitions).filter(|&p| self.owner(&meta.name, p) == self.id && here(p)).collect();
-        // Partitions open a wave at a time: a new log's open is mostly
-        // waiting on small durable writes (metadata file, directory fsyncs),
-        // which overlap, so a topic of many partitions is created (and a
-        // broker with many starts) in a fraction of the one-by-one time.
+        // Partitions open a wave at a time (`Log::open_wave`): their opens
+        // overlap, and the new logs of a wave are made durable by one
+        // syncfs, so a topic of many partitions is created (and a broker
+        // with many starts) in a fraction of the one-by-one time.
         for wave in mine.chunks(OPEN_PARTITIONS_AT_ONCE) {
-            let opens = wave.iter().map(|&p| self.open_partition(&meta, name.clone(), p));
-            let results = join_all(opens.collect()).await;
+            let dirs = wave.iter().map(|&p| partition_dir(&self.config.data_dir, &meta.name, p)).collect();
+            let results = crate::log::Log::open_wave(dirs, &meta.config, &self.log_options).await;
             let mut failed = None;
             for (&p, result) in wave.iter().zip(results) {
-                match result {
+                let part = |log| Partition::with_log(log, name.clone(), p, meta.config.clone());
+                match result.map(|log| self.restored(part(log))) {
                     Ok(part) => slots[p as usize] = Some(part),
                     Err(source) => {
                         if created {
@@ -413,10 +412,16 @@ impl ShardContext {
     ) -> Result<Rc<Partition>, crate::log::LogError> {
         let dir = partition_dir(&self.config.data_dir, &meta.name, p);
         let part = Partition::open(dir, name, p, meta.config.clone(), self.log_options.clone()).await?;
-        if let Some(hw) = self.restored_hw.borrow_mut().remove(&(meta.name.clone(), p)) {
+        Ok(self.restored(part))
+    }
+
+    /// `part` with the high watermark its checkpoint kept.
+    fn restored(&self, part: Partition) -> Rc<Partition> {
+        let key = (part.topic.to_string(), part.id);
+        if let Some(hw) = self.restored_hw.borrow_mut().remove(&key) {
             part.replica.restore_hw(hw.min(part.log.end_offset().0));
         }
-        Ok(Rc::new(part))
+        Rc::new(part)
     }
 
     /// Leaves nothing of a failed topic creation: deletes the logs this

@@ -1,5 +1,5 @@
 //! `join_all`: a few futures run concurrently on the calling task (a wave
-//! of partition opens, a topic change sent to every shard).
+//! of log opens, a topic change sent to every shard).
 
 /// Runs `futures` concurrently on the calling task; their outputs in order.
 /// Each wake polls every unfinished one, so keep the set small (a wave).
