@@ -23,6 +23,22 @@ fn is_tmpfs(dir: &Path) -> Result<bool, LogError> {
     Ok(buf.f_type == libc::TMPFS_MAGIC)
 }
 
+/// Says once per shard and data directory (not once per partition) that
+/// its logs have no O_DIRECT.
+fn warn_tmpfs(dir: &Path) {
+    thread_local!(static WARNED: RefCell<Vec<PathBuf>> = const { RefCell::new(Vec::new()) });
+    let parent = dir.parent().unwrap_or(dir).to_path_buf();
+    if WARNED.with(|w| w.borrow().contains(&parent)) {
+        return;
+    }
+    tracing::warn!(
+        dir = %parent.display(),
+        "data directory is on tmpfs, which has no O_DIRECT: its logs fall back to buffered I/O \
+         (page cache); fdatasync is a no-op there and nothing survives a reboot"
+    );
+    WARNED.with(|w| w.borrow_mut().push(parent));
+}
+
 /// Reads or creates `partition.metadata`.
 async fn check_metadata(dir: &Path) -> Result<(), LogError> {
     let path = dir.join(METADATA_FILE);
@@ -228,15 +244,10 @@ pub(super) async fn open(
         // Not yet durable (see above).
         segment::write_file(&dir.join(METADATA_FILE), metadata_json(), false).await?;
     }
-    if !direct_io {
-        tracing::warn!(
-            dir = %dir.display(),
-            "data directory is on tmpfs, which has no O_DIRECT: this log falls back to buffered I/O \
-             (page cache); fdatasync is a no-op there and nothing survives a reboot"
-        );
-    }
     if direct_io {
         segment::settle_iopoll_probe(&dir).await?;
+    } else {
+        warn_tmpfs(&dir);
     }
     let found = if created {
         create(&dir, &config, &options).await?
