@@ -457,8 +457,10 @@ impl Log {
     /// [`Log::open_with`] for a wave of logs at once (a new topic's
     /// partitions): they open concurrently, and the ones created are made
     /// durable together by one `syncfs` before any is returned, instead of
-    /// an fsync of each file and directory. Keep a wave small (tens): each
-    /// wake polls every open still running.
+    /// an fsync of each file and directory. The `dirs` must be on one
+    /// filesystem (one data directory): `syncfs` covers the filesystem of
+    /// the first log created. Keep a wave small (tens): each wake polls
+    /// every open still running.
     pub async fn open_wave(
         dirs: Vec<PathBuf>,
         config: &TopicConfig,
