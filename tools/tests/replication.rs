@@ -19,7 +19,10 @@
 //!   lost or reordered, and the moved replicas byte-identical;
 //! - a leader that lost its data directory comes back empty, copies
 //!   everything before it rejoins the ISR, and alone serves every
-//!   acknowledged record.
+//!   acknowledged record;
+//! - followers of a leader frozen past its session close their fetch
+//!   connections to it as soon as leadership moves (not after their I/O
+//!   timeout).
 //!
 //! `SHARDLOG_SLOW_TESTS=1` runs 20 leader failures instead of 4.
 
@@ -438,6 +441,73 @@ fn a_cut_off_follower_leaves_the_isr_and_min_insync_refuses() {
     assert!(send("strict", "after").is_ok(), "accepted again once the follower is back in sync");
     assert_eq!(leader.metric("shardlog_partition_in_sync_replicas", strict), Some(2));
     assert!(leader.metric("shardlog_isr_expands_total", "shard=\"0\"").is_some_and(|n| n >= 1));
+}
+
+/// The inodes of the sockets process `pid` holds.
+fn socket_inodes(pid: u32) -> std::collections::BTreeSet<u64> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return Default::default() };
+    fds.filter_map(|fd| {
+        let link = std::fs::read_link(fd.ok()?.path()).ok()?;
+        link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+    })
+    .collect()
+}
+
+/// Established TCP connections (IPv4) from process `from` to any port
+/// process `to` listens on, from `/proc/net/tcp`.
+fn connections_between(from: u32, to: u32) -> usize {
+    let (mine, theirs) = (socket_inodes(from), socket_inodes(to));
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    // (local port, remote port, state, inode) of each socket.
+    let rows: Vec<(u16, u16, String, u64)> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let port = |a: &str| u16::from_str_radix(a.rsplit(':').next()?, 16).ok();
+            Some((port(f.get(1)?)?, port(f.get(2)?)?, f.get(3)?.to_string(), f.get(9)?.parse().ok()?))
+        })
+        .collect();
+    let listening: Vec<u16> =
+        rows.iter().filter(|r| r.2 == "0A" && theirs.contains(&r.3)).map(|r| r.0).collect();
+    rows.iter().filter(|r| r.2 == "01" && mine.contains(&r.3) && listening.contains(&r.1)).count()
+}
+
+#[test]
+fn followers_let_go_of_a_frozen_leader_as_soon_as_leadership_moves() {
+    let _one = serial();
+    let Some(zk) = zk::Ensemble::start() else { return };
+    let connect = format!("{}/zombie-fetch", zk.connect_string());
+    let rt = rt();
+    let nodes = start_cluster(&connect);
+    let topic = "held";
+    rt.block_on(async {
+        let admin = Admin::connect(ClientConfig::new(bootstrap(&nodes))).await.expect("admin");
+        admin.create_topic_replicated(topic, 1, 3, &[]).await.expect("create RF 3");
+    });
+    wait_isr(&rt, &nodes, topic, 3, Duration::from_secs(20));
+    let leader_id = describe(&rt, &bootstrap(&nodes), topic).expect("describe")[0].leader_broker;
+    let leader = nodes.iter().find(|n| n.id == leader_id).expect("leader node");
+    let pid = |n: &Node| n.child.as_ref().expect("running").id();
+    let followers: Vec<&Node> = nodes.iter().filter(|n| n.id != leader_id).collect();
+    let held = || followers.iter().map(|f| connections_between(pid(f), pid(leader))).sum::<usize>();
+    wait_for("both followers fetch from the leader", Duration::from_secs(10), || (held() >= 2).then_some(()));
+    // Frozen past its session: the controller moves leadership, while each
+    // follower's fetch waits on the zombie (its I/O timeout is 10 s).
+    leader.signal("STOP");
+    let live = followers.iter().map(|n| n.listen.as_str()).collect::<Vec<_>>().join(",");
+    let (_, took) = wait_for("leadership moves off the frozen broker", Duration::from_secs(20), || {
+        describe(&rt, &live, topic)
+            .filter(|ps| ps[0].leader_broker != leader_id && ps[0].leader_broker >= 0)
+            .map(|_| ())
+    });
+    eprintln!("leadership moved {took:?} after the freeze");
+    let (_, let_go) =
+        wait_for("no follower holds a connection to the frozen broker", Duration::from_secs(3), || {
+            (held() == 0).then_some(())
+        });
+    eprintln!("the followers let go {let_go:?} after leadership moved");
+    leader.signal("CONT");
 }
 
 /// Reads a broker's high-watermark checkpoint: (topic, partition) -> hw.

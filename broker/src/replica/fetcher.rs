@@ -72,6 +72,8 @@ enum FetchError {
     Refused { code: ErrorCode, message: String },
     #[error("{0}")]
     Log(#[from] crate::log::LogError),
+    #[error("told to stop")]
+    Stopped,
 }
 
 /// Runs until `stop` is set.
@@ -118,7 +120,7 @@ async fn follow_round(
         let (_, port) = ClusterMetadata::leader_endpoint(broker, &p.topic, p.id);
         format!("{}:{port}", broker.host)
     };
-    let mut conn = timed(TcpStream::connect(addr.as_str()))
+    let mut conn = unless_stopped(p, stop, timed(TcpStream::connect(addr.as_str())))
         .await?
         .map_err(|e| std::io::Error::other(format!("connecting to the leader at {addr}: {e}")))?;
     conn.set_nodelay(true).ok();
@@ -127,7 +129,8 @@ async fn follow_round(
     if let Some(latest) = p.log.latest_epoch() {
         *corr = corr.wrapping_add(1);
         let req = encode_epoch_query(*corr, &p.topic, p.id, me, latest, epoch);
-        let (header, _) = round_trip(&mut conn, &req, &limits, &mut Vec::new()).await?;
+        let (header, _) =
+            unless_stopped(p, stop, round_trip(&mut conn, &req, &limits, &mut Vec::new())).await?;
         let (leader_epoch, leader_end) = decode_epoch_answer(&header, &limits)?;
         let target = if leader_epoch < 0 {
             p.log.start_offset()
@@ -151,12 +154,17 @@ async fn follow_round(
         let (answer, appended) = match held.take() {
             None => {
                 let req = encode_replica_fetch(*corr, &p.topic, p.id, me, Ask::at(written, epoch));
-                (round_trip(&mut conn, &req, &limits, &mut receiving).await, Ok(None))
+                (
+                    unless_stopped(p, stop, round_trip(&mut conn, &req, &limits, &mut receiving)).await,
+                    Ok(None),
+                )
             }
             Some((bytes, next)) => {
                 let req = encode_replica_fetch(*corr, &p.topic, p.id, me, Ask::ahead(next, written, epoch));
+                // Only the network side gives up on a stop: an append
+                // under way runs to its end.
                 let (answer, appended) = futures_lite::future::zip(
-                    round_trip(&mut conn, &req, &limits, &mut receiving),
+                    unless_stopped(p, stop, round_trip(&mut conn, &req, &limits, &mut receiving)),
                     p.log.append_replica(&appending[..bytes]),
                 )
                 .await;
@@ -194,6 +202,28 @@ async fn follow_round(
         p.replica.set_follower_hw(leader_hw, p.log.end_offset().0);
     }
     Ok(())
+}
+
+/// `fut`, unless this fetcher is told to stop first (a new role): a fetch
+/// held by a frozen leader is given up at once instead of at
+/// [`IO_TIMEOUT`], and its connection closed. The shard notifies the
+/// partition's data after every role change, which wakes the wait.
+async fn unless_stopped<T>(
+    p: &Partition,
+    stop: &Cell<bool>,
+    fut: impl Future<Output = Result<T, FetchError>>,
+) -> Result<T, FetchError> {
+    use futures_lite::future::FutureExt;
+    let stopped = async {
+        loop {
+            let seen = p.data.generation();
+            if stop.get() {
+                return Err(FetchError::Stopped);
+            }
+            p.data.changed(seen).await;
+        }
+    };
+    fut.or(stopped).await
 }
 
 async fn timed<T>(fut: impl Future<Output = T>) -> Result<T, FetchError> {
