@@ -13,6 +13,13 @@
 //! correlation id, in whatever order they come back. A request's in-flight
 //! permit is released when its response is delivered, which bounds the
 //! requests outstanding per connection. Neither task takes a lock.
+//!
+//! A connection is given up as a whole ([`Health::give_up`]) when a request
+//! on it times out or a caller distrusts it: the reader stops at once and
+//! fails every outstanding request, and the in-flight semaphore closes, so
+//! a caller waiting for a slot gets `ConnectionClosed` instead of waiting
+//! for answers a hung peer (a frozen broker, a socket nobody closes) never
+//! sends. Kafka's client closes a connection on a request timeout too.
 
 use crate::error::{ClientError, Result};
 use crate::protocol::RawResponse;
@@ -26,7 +33,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 
 /// Frames queued for the writer before `submit` waits.
 const WRITE_QUEUE_FRAMES_MAX: usize = 256;
@@ -53,12 +60,37 @@ struct Outgoing {
     pending: Option<Pending>,
 }
 
+/// Whether a connection may still be used, shared by its handles, its
+/// response futures and its reader task.
+struct Health {
+    /// Set once the connection failed, closed or was given up.
+    closed: AtomicBool,
+    /// One permit per request that may be outstanding; closed with the
+    /// connection, which wakes every caller waiting for a slot.
+    in_flight: Arc<Semaphore>,
+    /// Tells the reader to stop (a permit is kept if it is not waiting).
+    stop: Notify,
+}
+
+impl Health {
+    /// Gives the connection up: no new request goes on it, callers waiting
+    /// for a slot fail, and the reader fails what is outstanding.
+    fn give_up(&self) {
+        self.mark_closed();
+        self.stop.notify_one();
+    }
+
+    fn mark_closed(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        self.in_flight.close();
+    }
+}
+
 struct Inner {
     addr: String,
     next_corr: AtomicU32,
     tx: mpsc::Sender<Outgoing>,
-    in_flight: Arc<Semaphore>,
-    closed: Arc<AtomicBool>,
+    health: Arc<Health>,
     request_timeout: Duration,
 }
 
@@ -83,17 +115,17 @@ pub(crate) struct ResponseFuture {
     rx: Option<oneshot::Receiver<Result<RawResponse>>>,
     addr: String,
     timeout: Duration,
-    /// The connection's closed flag: a timed-out request marks it closed.
-    closed: Arc<AtomicBool>,
+    /// The connection's state: a timed-out request gives it up.
+    health: Arc<Health>,
 }
 
 impl ResponseFuture {
-    /// Marks the connection not to be trusted again (the next caller
-    /// reconnects), as a request timeout does: for a caller that gives the
-    /// request up before its timeout.
+    /// Gives the connection up (the next caller reconnects), as a request
+    /// timeout does: for a caller that gives the request up before its
+    /// timeout.
     pub fn distrust_handle(&self) -> impl Fn() + Send + 'static {
-        let closed = self.closed.clone();
-        move || closed.store(true, Ordering::Relaxed)
+        let health = self.health.clone();
+        move || health.give_up()
     }
 
     /// Waits for the response, up to the request timeout (plus `extra`, for
@@ -108,8 +140,9 @@ impl ResponseFuture {
             Err(_) => {
                 // A peer that stops answering (a hung broker, or a socket a
                 // stopped broker never closed) is not trusted again: the next
-                // caller reconnects (Kafka does the same on request timeout).
-                self.closed.store(true, Ordering::Relaxed);
+                // caller reconnects (Kafka does the same on request timeout),
+                // and what else waits on it fails now, not never.
+                self.health.give_up();
                 Err(ClientError::Timeout)
             }
         }
@@ -132,16 +165,19 @@ impl Connection {
         let (read, write) = stream.into_split();
         let (tx, rx) = mpsc::channel(WRITE_QUEUE_FRAMES_MAX);
         let (reader_tx, reader_rx) = mpsc::unbounded_channel();
-        let closed = Arc::new(AtomicBool::new(false));
+        let health = Arc::new(Health {
+            closed: AtomicBool::new(false),
+            in_flight: Arc::new(Semaphore::new(opts.max_in_flight.max(1))),
+            stop: Notify::new(),
+        });
         tokio::spawn(writer_task(write, rx, reader_tx, addr.to_string()));
-        tokio::spawn(reader_task(read, reader_rx, opts.limits, closed.clone(), addr.to_string()));
+        tokio::spawn(reader_task(read, reader_rx, opts.limits, health.clone(), addr.to_string()));
         Connection {
             inner: Arc::new(Inner {
                 addr: addr.to_string(),
                 next_corr: AtomicU32::new(1),
                 tx,
-                in_flight: Arc::new(Semaphore::new(opts.max_in_flight.max(1))),
-                closed,
+                health,
                 request_timeout: opts.request_timeout,
             }),
         }
@@ -149,7 +185,7 @@ impl Connection {
 
     /// Whether the connection has failed or closed (callers reconnect).
     pub fn is_closed(&self) -> bool {
-        self.inner.closed.load(Ordering::Relaxed) || self.inner.tx.is_closed()
+        self.inner.health.closed.load(Ordering::Relaxed) || self.inner.tx.is_closed()
     }
 
     /// Queues one request: waits for an in-flight permit (when a response is
@@ -170,7 +206,8 @@ impl Connection {
         }
         let closed = || ClientError::ConnectionClosed(self.inner.addr.clone());
         let permit = if expect_response {
-            Some(self.inner.in_flight.clone().acquire_owned().await.map_err(|_| closed())?)
+            // Fails once the connection is given up while this waits.
+            Some(self.inner.health.in_flight.clone().acquire_owned().await.map_err(|_| closed())?)
         } else {
             None
         };
@@ -190,14 +227,14 @@ impl Connection {
             rx,
             addr: self.inner.addr.clone(),
             timeout: self.inner.request_timeout,
-            closed: self.inner.closed.clone(),
+            health: self.inner.health.clone(),
         })
     }
 
     /// Waits until a request expecting a response could take an in-flight
-    /// slot at once (the slot is not kept).
+    /// slot at once (the slot is not kept), or the connection is given up.
     pub async fn wait_for_slot(&self) {
-        drop(self.inner.in_flight.acquire().await);
+        drop(self.inner.health.in_flight.acquire().await);
     }
 
     /// Submits a request and waits for its response.
@@ -315,12 +352,15 @@ async fn reader_task(
     mut read: OwnedReadHalf,
     mut rx: mpsc::UnboundedReceiver<ReaderMsg>,
     limits: FrameLimits,
-    closed: Arc<AtomicBool>,
+    health: Arc<Health>,
     addr: String,
 ) {
     let mut pending: HashMap<u32, Pending> = HashMap::new();
-    let err = read_loop(&mut read, &mut rx, &mut pending, limits, &addr).await;
-    closed.store(true, Ordering::Relaxed);
+    let err = tokio::select! {
+        err = read_loop(&mut read, &mut rx, &mut pending, limits, &addr) => err,
+        () = health.stop.notified() => ClientError::ConnectionClosed(addr.clone()),
+    };
+    health.mark_closed();
     if !pending.is_empty() {
         tracing::debug!(%addr, error = %err, outstanding = pending.len(), "connection closed");
     }
@@ -461,5 +501,56 @@ mod tests {
         }
         assert!(pending.is_empty());
         assert_eq!(in_flight.available_permits(), 4);
+    }
+
+    /// A peer that accepts and never answers (a frozen broker, or a socket
+    /// a stopped broker never closed): once one request times out, the
+    /// connection is given up as a whole. The other outstanding request and
+    /// a caller waiting for an in-flight slot fail at once with
+    /// `ConnectionClosed`; before, the waiter waited for ever, since only
+    /// answers gave slots back.
+    #[tokio::test]
+    async fn a_timed_out_request_gives_the_connection_up_and_frees_everyone_waiting_on_it() {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = silent.local_addr().expect("addr").to_string();
+        let _held = tokio::spawn(async move {
+            let mut socks = Vec::new();
+            while let Ok((s, _)) = silent.accept().await {
+                socks.push(s); // kept open, never read
+            }
+        });
+        let opts = ConnOptions {
+            max_in_flight: 2,
+            request_timeout: Duration::from_millis(200),
+            connect_timeout: Duration::from_secs(5),
+            limits: FrameLimits::default(),
+        };
+        let conn = Connection::connect(&addr, opts).await.expect("connect");
+        let frame = |corr: u32| {
+            let mut f = 4u32.to_le_bytes().to_vec();
+            f.extend(corr.to_le_bytes());
+            f
+        };
+        let first = conn.submit(frame, Vec::new(), true).await.expect("first");
+        let second = conn.submit(frame, Vec::new(), true).await.expect("second");
+        // Both slots are taken: a third caller waits for one.
+        let waiter = {
+            let conn = conn.clone();
+            tokio::spawn(async move { conn.submit(frame, Vec::new(), true).await.map(|_| ()) })
+        };
+        let started = tokio::time::Instant::now();
+        assert!(matches!(first.wait(Duration::ZERO).await, Err(ClientError::Timeout)));
+        assert!(conn.is_closed(), "a timed-out request gives the connection up");
+        let waited = tokio::time::timeout(Duration::from_secs(2), waiter)
+            .await
+            .expect("the slot waiter is woken, not left waiting")
+            .expect("join");
+        assert!(matches!(waited, Err(ClientError::ConnectionClosed(_))), "{waited:?}");
+        let other = tokio::time::timeout(Duration::from_secs(2), second.wait(Duration::from_secs(60)))
+            .await
+            .expect("the other outstanding request fails with the connection");
+        assert!(matches!(other, Err(ClientError::ConnectionClosed(_))), "{other:?}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert!(matches!(conn.submit(frame, Vec::new(), true).await, Err(ClientError::ConnectionClosed(_))));
     }
 }
