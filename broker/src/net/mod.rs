@@ -87,17 +87,43 @@ pub async fn accept_connections(
         // Every line logged while serving the connection names it (the span
         // is entered per poll of its task, never per record).
         let span = tracing::info_span!("conn", shard = %ctx.id, listener = name, %peer);
+        // Registered here, not when the task first runs: a shutdown that
+        // comes before that must still shut this socket down (a detached
+        // task the executor never polls again keeps its socket open, and
+        // the peer would wait on it for ever).
+        let tracked = TrackedSocket::new(&ctx, stream.as_raw_fd());
         glommio::spawn_local(tracing::Instrument::instrument(
             async move {
-                ctx.connections.set(ctx.connections.get() + 1);
-                let id = ctx.track_socket(stream.as_raw_fd());
-                serve(ctx.clone(), stream).await;
-                ctx.sockets.borrow_mut().remove(&id);
-                ctx.connections.set(ctx.connections.get() - 1);
+                let _tracked = tracked;
+                if !ctx.shutting_down.get() {
+                    serve(ctx.clone(), stream).await;
+                }
             },
             span,
         ))
         .detach();
+    }
+}
+
+/// A connection counted against the limit and registered for shutdown
+/// while its task holds its socket; unregistered when the task ends or is
+/// dropped unfinished (the socket goes with it).
+struct TrackedSocket {
+    ctx: Rc<ShardContext>,
+    id: u64,
+}
+
+impl TrackedSocket {
+    fn new(ctx: &Rc<ShardContext>, fd: std::os::fd::RawFd) -> TrackedSocket {
+        ctx.connections.set(ctx.connections.get() + 1);
+        TrackedSocket { ctx: ctx.clone(), id: ctx.track_socket(fd) }
+    }
+}
+
+impl Drop for TrackedSocket {
+    fn drop(&mut self) {
+        self.ctx.sockets.borrow_mut().remove(&self.id);
+        self.ctx.connections.set(self.ctx.connections.get() - 1);
     }
 }
 
@@ -229,8 +255,8 @@ async fn serve_connection(ctx: &Rc<ShardContext>, stream: TcpStream) {
         Stop::Reject { code, message } => {
             ShardMetrics::inc(&ctx.metrics.rejected_frames);
             tracing::warn!(error = ?code, detail = %message, "closing connection after a bad frame");
-            let _closed =
-                tx.send((dispatch::request_error(0, ApiKey::ApiVersions, code, &message), None)).await;
+            let answer = dispatch::request_error(0, ApiKey::ApiVersions, code, &message);
+            let _closed = tx.send((answer, None, Unanswered::new(ctx))).await;
         }
         Stop::TimedOut(why) => {
             ShardMetrics::inc(&ctx.metrics.connections_timed_out);
@@ -319,7 +345,7 @@ async fn read_loop(
             },
         };
         let (ctx, tx) = (ctx.clone(), tx.clone());
-        ctx.in_flight.set(ctx.in_flight.get() + 1);
+        let unanswered = Unanswered::new(&ctx);
         glommio::spawn_local(async move {
             // The envelope was verified above; verifying again here (instead
             // of an unchecked re-parse) keeps this path free of unsafe.
@@ -333,18 +359,38 @@ async fn read_loop(
             drop(bytes_permit);
             if !matches!(out, Outgoing::Nothing) {
                 // A closed writer means the peer is gone; the work is done anyway.
-                let _gone = tx.send((out, answer_permit)).await;
+                let _gone = tx.send((out, answer_permit, unanswered)).await;
             }
             drop(slot);
-            ctx.in_flight.set(ctx.in_flight.get() - 1);
         })
         .detach();
     }
 }
 
 /// A response on its way to the writer, with the fetch-bytes permit it
-/// holds until written (`Limits::connection_fetch_bytes_max`).
-type Reply = (Outgoing, Option<glommio::sync::StaticPermit>);
+/// holds until written (`Limits::connection_fetch_bytes_max`) and its
+/// request's place in the shard's in-flight count.
+type Reply = (Outgoing, Option<glommio::sync::StaticPermit>, Unanswered);
+
+/// A request counted in `ShardContext::in_flight` from its arrival until
+/// its answer is written to the socket (or given up with the connection).
+/// A graceful shutdown waits for the count to reach zero before it shuts
+/// the sockets down: a request handled but not yet answered when the
+/// sockets close was stored, and its client would send it again.
+pub(crate) struct Unanswered(Rc<ShardContext>);
+
+impl Unanswered {
+    pub(crate) fn new(ctx: &Rc<ShardContext>) -> Unanswered {
+        ctx.in_flight.set(ctx.in_flight.get() + 1);
+        Unanswered(ctx.clone())
+    }
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        self.0.in_flight.set(self.0.in_flight.get() - 1);
+    }
+}
 
 /// The most record bytes a fetch envelope may be answered with (0 for
 /// other requests).
@@ -397,11 +443,12 @@ async fn write_loop(ctx: Rc<ShardContext>, stream: TcpStream, rx: local_channel:
     let mut w = Writer { ctx, stream, buf: Vec::new(), splice, write_max };
     while let Some(first) = rx.recv().await {
         let mut out = first;
-        // Permits of the answers in the buffer, released once it is sent.
+        // Permits and counts of the answers in the buffer, released once it
+        // is sent.
         let mut sent_with = Vec::new();
         loop {
-            let (out_now, permit) = out;
-            sent_with.extend(permit);
+            let (out_now, permit, unanswered) = out;
+            sent_with.push((permit, unanswered));
             if let Err(e) = w.push(out_now).await {
                 tracing::debug!(error = %e, "response write failed; closing connection");
                 return w.abort().await;

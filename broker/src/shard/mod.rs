@@ -186,7 +186,8 @@ pub struct ShardContext {
     outbox_rx: RefCell<Vec<local_channel::LocalReceiver<(u64, ShardOp)>>>,
     pending: RefCell<HashMap<u64, local_channel::LocalSender<ShardReply>>>,
     next_request_id: Cell<u64>,
-    /// Requests being handled on this shard.
+    /// Requests of this shard's connections not yet answered: being
+    /// handled, or their answer not yet written (`net::Unanswered`).
     pub in_flight: Cell<usize>,
     pub connections: Cell<usize>,
     /// Sockets of open connections, shut down when the shard stops so that
@@ -299,8 +300,8 @@ impl ShardContext {
     pub fn shutdown_sockets(&self) {
         for fd in self.sockets.borrow().values() {
             // SAFETY: the fd is registered only while its connection task
-            // owns the socket (it unregisters before dropping it); shutdown
-            // passes no memory.
+            // owns the socket (`net::TrackedSocket` unregisters it when the
+            // task ends or is dropped unfinished); shutdown passes no memory.
             unsafe { libc::shutdown(*fd, libc::SHUT_RDWR) };
         }
     }
