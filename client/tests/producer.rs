@@ -4,6 +4,7 @@
 mod common;
 
 use common::{b, client, consume, create, producer_config, TestBroker, DEADLINE};
+use shardlog_broker::fault::{self, Fault, FaultPoint};
 use shardlog_client::{
     Acks, Admin, ClientError, DefaultPartitioner, Producer, ProducerConfig, ProducerRecord, OFFSET_UNKNOWN,
 };
@@ -315,4 +316,48 @@ async fn idempotent_retries_across_a_restart_keep_send_order_and_store_each_reco
         assert_eq!(seen, sent, "partition {p}: every record once, in send order");
         assert_eq!(got.last().map(|r| r.offset), Some(199), "partition {p}: nothing stored twice");
     }
+}
+
+/// With idempotence, batches the broker stored but whose answers timed out
+/// (its writes slowed past the request timeout) are retried while later
+/// batches land, and every retry is answered as the duplicate it is, with
+/// the offsets it was first given: no batch goes more than the broker's
+/// memory of a producer's batches per partition (8) past its partition's
+/// oldest unfinished one. Before, requests carried any number of batches
+/// of a partition, and the retries of the first ones were refused as out
+/// of order until their delivery timeout, although they were stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotent_retries_of_stored_batches_whose_answers_timed_out_are_answered_as_duplicates() {
+    let broker = TestBroker::start().await;
+    create(&broker, "slow", 1).await;
+    let filter = broker.dir.path().join("slow-0").to_string_lossy().into_owned();
+    let mut client = client(&broker);
+    client.request_timeout_ms = 300;
+    let config = ProducerConfig {
+        client,
+        batch_bytes: 1 << 10,
+        linger_ms: 0,
+        max_in_flight: 8,
+        retries: 100_000,
+        enable_idempotence: true,
+        ..producer_config(&broker)
+    };
+    let producer = Producer::new(config).await.expect("producer");
+    // Every write of the partition's log waits 600 ms: requests are stored
+    // at once and answered after their 300 ms timeout.
+    fault::arm(FaultPoint::AppendWrite, &filter, Fault::Delay(std::time::Duration::from_millis(600)));
+    let value = |i: usize| format!("{i:05}{}", "x".repeat(500));
+    let mut futures = Vec::new();
+    for i in 0..300 {
+        futures.push(producer.send(ProducerRecord::new("slow", value(i))).await.expect("send"));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    fault::disarm(&filter);
+    for (i, f) in futures.into_iter().enumerate() {
+        let md = tokio::time::timeout(DEADLINE, f).await.expect("in time").expect("delivered");
+        assert_eq!(md.offset, i as u64, "record {i}: stored once, in send order, at the offset it was given");
+    }
+    let got = consume(&broker, &[("slow".to_string(), 0)], 300).await;
+    let seen: Vec<String> = got.iter().map(|r| String::from_utf8_lossy(&r.value).into_owned()).collect();
+    assert_eq!(seen, (0..300).map(value).collect::<Vec<_>>(), "every record once, in send order");
 }

@@ -30,11 +30,10 @@ use std::collections::{HashMap, VecDeque};
 
 /// Batches remembered per producer. Kafka keeps 5, its clients' limit of
 /// `max.in.flight.requests.per.connection` with idempotence; Shardlog's
-/// client keeps up to 8 requests in flight per connection
-/// (`IDEMPOTENT_IN_FLIGHT_MAX` there). A request may carry several batches
-/// of one partition, so more than 8 can be in flight: a retry of one older
-/// than the cache is refused as out of order (and fails after its delivery
-/// timeout although it is stored), never stored twice.
+/// client sends no batch more than 8 past its partition's oldest unfinished
+/// one (`IDEMPOTENT_WINDOW_BATCHES` there), so each retry it makes is of a
+/// batch remembered here. A retry of one older than the cache (another
+/// client's) is refused as out of order, never stored twice.
 pub const BATCHES_CACHED_MAX: usize = 8;
 /// A producer unseen this long is forgotten (Kafka's default
 /// `producer.id.expiration.ms`, one day).

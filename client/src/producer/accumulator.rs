@@ -11,10 +11,30 @@
 //! - on flush or when the last producer handle goes away.
 //!
 //! Sealed batches wait in their address's queue until the sender takes them.
+//!
+//! With idempotence two rules keep every batch of a partition landing once
+//! and in order across retries:
+//! - **Window.** A batch goes on the wire only while it is within
+//!   [`IDEMPOTENT_WINDOW_BATCHES`] of the oldest unfinished batch of its
+//!   partition. The broker remembers the last that many batches of a
+//!   producer per partition and answers a retry of one of them as the
+//!   duplicate it is; a retry of an older one it can only refuse as out of
+//!   order. Without the window, batches landing while one whose answer was
+//!   lost (a broker restart) waits for its retry push it out of the
+//!   broker's memory, and its retries are refused until its delivery
+//!   timeout, although it is stored.
+//! - **Retries in order.** Once a batch of a partition is to be retried, no
+//!   later batch of it is sent until that one has landed, and a retry goes
+//!   only when it is the partition's oldest unfinished batch and nothing
+//!   else of the partition is on the wire ([`Core::until_retry_turn`]). A
+//!   broker that does not know the producer on a partition (its first
+//!   batches there were lost) accepts any sequence, as Kafka's does
+//!   (KIP-360): a later batch overtaking the lost one would be stored, and
+//!   the lost one refused as out of order for ever.
 
 use super::completion::{Completion, DeliveryFuture};
 use super::sender::{self, SealedBatch, SenderCtx};
-use super::ProducerRecord;
+use super::{ProducerRecord, IDEMPOTENT_IN_FLIGHT_MAX};
 use crate::clock::now_ms;
 use crate::cluster::Cluster;
 use crate::config::ProducerConfig;
@@ -31,6 +51,9 @@ use tokio::sync::{Notify, Semaphore};
 const UNKNOWN_TOPIC_TTL: Duration = Duration::from_millis(500);
 /// Smallest initial builder capacity.
 const BUILDER_BYTES_MIN: usize = 4 << 10;
+/// Idempotence: how far past its partition's oldest unfinished batch a
+/// batch may be sent (the broker's `BATCHES_CACHED_MAX`, see the module docs).
+pub(crate) const IDEMPOTENT_WINDOW_BATCHES: u64 = IDEMPOTENT_IN_FLIGHT_MAX as u64;
 
 /// FNV-1a for the per-record topic lookup: topic names are short and
 /// trusted, and SipHash showed up at ~10% of producer CPU.
@@ -79,6 +102,40 @@ struct PartitionSlot {
     rewinds: Vec<Rewind>,
     /// Sealed batches not yet completed.
     outstanding: usize,
+    /// Idempotence: the ordinals of those batches, and of those among them
+    /// waiting in a sender queue and to be retried. The rest are on the
+    /// wire.
+    unfinished: BTreeSet<u64>,
+    queued: usize,
+    retrying: BTreeSet<u64>,
+    /// Idempotence: a batch waits in its sender's queue for the window to
+    /// move or the retries before it to land (its sender is woken when a
+    /// batch of the partition completes).
+    held: bool,
+}
+
+impl PartitionSlot {
+    /// Idempotence: batches taken by a sender and not yet answered.
+    fn on_wire(&self) -> usize {
+        self.unfinished.len().saturating_sub(self.queued + self.retrying.len())
+    }
+}
+
+/// Idempotence: whether the sender may send `b` now (see the module docs:
+/// within the window, and behind no retry); marks the partition held when
+/// it may not.
+fn may_send(topics: &mut HashMap<Arc<str>, TopicState, FnvBuild>, b: &SealedBatch) -> bool {
+    let Some(numbering) = b.numbering else { return true };
+    let Some(slot) = topics.get_mut(&b.topic).and_then(|t| t.partitions.get_mut(b.partition as usize)) else {
+        return true;
+    };
+    let ordinal = numbering.ordinal;
+    let in_window =
+        slot.unfinished.first().is_none_or(|&oldest| ordinal < oldest + IDEMPOTENT_WINDOW_BATCHES);
+    let behind_retry = slot.retrying.first().is_some_and(|&first| first < ordinal);
+    let may = in_window && !behind_retry;
+    slot.held |= !may;
+    may
 }
 
 /// A batch of `records` records, the `ordinal`-th of its partition, failed
@@ -395,9 +452,11 @@ impl Core {
             let next = i64::from(slot.next_sequence) + i64::from(batch.record_count);
             slot.next_sequence = (next % (i64::from(i32::MAX) + 1)) as i32;
             slot.sealed += 1;
+            slot.unfinished.insert(numbering.ordinal);
             numbering
         });
         slot.outstanding += 1;
+        let idempotent = numbering.is_some();
         // No copy of the records: the header goes in front of them.
         let data = builder.finish_bytes();
         slot.last_batch_bytes = data.len();
@@ -415,14 +474,21 @@ impl Core {
             numbering,
         };
         state.outstanding.insert(sealed.id);
+        let slot = &mut t.partitions[partition as usize];
         match self.ctx.cluster.metadata().leader_addr(topic, partition) {
             Ok(addr) => {
+                if idempotent {
+                    slot.queued += 1;
+                }
                 let q = self.queue(state, addr);
                 q.sealed.push_back(sealed);
                 q.wake.notify_one();
             }
             Err(_) => {
                 // Metadata went stale; the retry path refreshes it.
+                if let Some(n) = sealed.numbering {
+                    slot.retrying.insert(n.ordinal);
+                }
                 self.runtime.spawn(sender::retry_batches(self.arc(), vec![sealed], None));
             }
         }
@@ -513,12 +579,16 @@ impl Core {
         moved
     }
 
-    /// Whether the sender of `addr` has something to send.
+    /// Whether the sender of `addr` has something to send. Batches held
+    /// back by the idempotence window are not: their sender waits for it
+    /// to move.
     pub(super) fn work(&self, addr: &str) -> Work {
-        let state = self.lock();
-        match state.senders.get(addr) {
-            Some(q) if !q.sealed.is_empty() || !q.ready.is_empty() => Work::Some,
-            _ if state.closing => Work::Done,
+        let mut guard = self.lock();
+        let State { topics, senders, closing, .. } = &mut *guard;
+        match senders.get(addr) {
+            Some(q) if !q.ready.is_empty() || q.sealed.iter().any(|b| may_send(topics, b)) => Work::Some,
+            Some(q) if !q.sealed.is_empty() => Work::Idle,
+            _ if *closing => Work::Done,
             _ => Work::Idle,
         }
     }
@@ -535,29 +605,61 @@ impl Core {
                 self.seal(state, &topic, partition);
             }
         }
-        let Some(q) = state.senders.get_mut(addr) else { return Vec::new() };
+        let State { topics, senders, .. } = state;
+        let Some(q) = senders.get_mut(addr) else { return Vec::new() };
         let mut bytes = 0usize;
-        let mut n = 0usize;
-        for b in &q.sealed {
-            if n > 0 && bytes + b.data.len() > self.ctx.request_bytes_max {
+        let mut taken = Vec::new();
+        // Idempotence: batches held back by the window keep their place, and
+        // so does every later batch of their partition.
+        let mut held: Vec<SealedBatch> = Vec::new();
+        while let Some(b) = q.sealed.pop_front() {
+            if !taken.is_empty() && bytes + b.data.len() > self.ctx.request_bytes_max {
+                q.sealed.push_front(b);
                 break;
             }
+            let behind = held.iter().any(|h| h.partition == b.partition && h.topic == b.topic);
+            if behind || !may_send(topics, &b) {
+                held.push(b);
+                continue;
+            }
+            if b.numbering.is_some() {
+                if let Some(slot) =
+                    topics.get_mut(&b.topic).and_then(|t| t.partitions.get_mut(b.partition as usize))
+                {
+                    slot.queued = slot.queued.saturating_sub(1);
+                }
+            }
             bytes += b.data.len();
-            n += 1;
+            taken.push(b);
         }
-        q.sealed.drain(..n).collect()
+        for b in held.into_iter().rev() {
+            q.sealed.push_front(b);
+        }
+        taken
     }
 
-    /// A sealed batch completed (delivered or failed for good).
-    pub(super) fn batch_done(&self, id: u64, topic: &str, partition: u32) {
+    /// A sealed batch completed (delivered or failed for good); `ordinal`
+    /// is its place in its partition's numbering (idempotence).
+    pub(super) fn batch_done(&self, id: u64, topic: &str, partition: u32, ordinal: Option<u64>) {
         let mut state = self.lock();
         state.outstanding.remove(&id);
+        let mut released = false;
         if let Some(slot) = state.topics.get_mut(topic).and_then(|t| t.partitions.get_mut(partition as usize))
         {
             slot.outstanding -= 1;
             if slot.outstanding == 0 && !slot.rewinds.is_empty() {
                 slot.rewinds.clear();
                 self.rewinding.fetch_sub(1, Ordering::Relaxed);
+            }
+            if let Some(ordinal) = ordinal {
+                slot.unfinished.remove(&ordinal);
+                slot.retrying.remove(&ordinal);
+                released = std::mem::take(&mut slot.held);
+            }
+        }
+        if released {
+            for q in state.senders.values().filter(|q| !q.sealed.is_empty()) {
+                q.wake.notify_one();
             }
         }
         drop(state);
@@ -588,6 +690,50 @@ impl Core {
         }
         slot.rewinds.push(Rewind { ordinal: numbering.ordinal, records, generation: slot.generation });
         slot.next_sequence = sequence_back(slot.next_sequence, u64::from(records));
+    }
+
+    /// Idempotence: `batches` (taken by a sender, or sealed) are to be
+    /// retried: later batches of their partitions wait (see the module docs).
+    pub(super) fn enter_retry(&self, batches: &[SealedBatch]) {
+        if batches.iter().all(|b| b.numbering.is_none()) {
+            return;
+        }
+        let mut state = self.lock();
+        for b in batches {
+            let Some(n) = b.numbering else { continue };
+            if let Some(slot) =
+                state.topics.get_mut(&b.topic).and_then(|t| t.partitions.get_mut(b.partition as usize))
+            {
+                slot.retrying.insert(n.ordinal);
+            }
+        }
+        drop(state);
+        // Retries waiting for their turn look again (fewer batches on the wire).
+        self.completed.notify_waiters();
+    }
+
+    /// Idempotence: waits until retried batch `b` may go: it is the oldest
+    /// unfinished batch of its partition and nothing else of the partition
+    /// is on the wire (an answer still to come might be that of a batch
+    /// after it, stored first; see the module docs).
+    pub(super) async fn until_retry_turn(&self, b: &SealedBatch) {
+        let Some(numbering) = b.numbering else { return };
+        loop {
+            let completed = self.completed.notified();
+            tokio::pin!(completed);
+            completed.as_mut().enable();
+            {
+                let state = self.lock();
+                let slot = state.topics.get(&b.topic).and_then(|t| t.partitions.get(b.partition as usize));
+                let turn = slot.is_none_or(|s| {
+                    s.unfinished.first().is_none_or(|&oldest| oldest == numbering.ordinal) && s.on_wire() == 0
+                });
+                if turn {
+                    return;
+                }
+            }
+            completed.await;
+        }
     }
 
     /// Idempotence: the base sequence `numbering`'s batch must carry now,

@@ -36,9 +36,11 @@
 //! refuses a batch that does not follow the last one it stored
 //! (`OutOfOrderSequence`, which this producer retries, so it lands once
 //! the batch before it has) and answers a batch it already holds with its
-//! first offsets. Order then holds across retries, and a retry is never
-//! stored twice; a batch whose retries run out fails, and so may the ones
-//! after it.
+//! first offsets. The producer keeps every batch it sends within the
+//! broker's memory of its batches and retries a partition's batches in
+//! order, before any later one (see `accumulator`). Order then holds across
+//! retries, and a retry is never stored twice; a batch whose retries run
+//! out fails, and so may the ones after it.
 
 mod accumulator;
 mod completion;
@@ -57,8 +59,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::sync::{Semaphore, TryAcquireError};
 
-/// Requests in flight per connection with idempotence (the broker's
-/// `BATCHES_CACHED_MAX`: the batches it remembers per producer and partition).
+/// Requests in flight per connection with idempotence, and how far past its
+/// partition's oldest unfinished batch a batch may be sent (the broker's
+/// `BATCHES_CACHED_MAX`: the batches it remembers per producer and
+/// partition; see `accumulator`).
 pub const IDEMPOTENT_IN_FLIGHT_MAX: usize = 8;
 
 /// The offset reported for records sent with `Acks::None` (the broker sends

@@ -126,7 +126,7 @@ impl SealedBatch {
             requested_at,
         }));
         core.ctx.buffer.add_permits(self.buffer_bytes);
-        core.batch_done(self.id, &self.topic, self.partition);
+        core.batch_done(self.id, &self.topic, self.partition, self.numbering.map(|n| n.ordinal));
     }
 
     /// Idempotence: gives the batch the base sequence it must carry now
@@ -208,6 +208,7 @@ pub(crate) async fn send_loop(core: Arc<Core>, addr: String, wake: Arc<Notify>) 
             Ok(c) => c,
             Err(e) => {
                 let batches = core.take_request(&addr);
+                core.enter_retry(&batches);
                 tokio::spawn(retry_batches(core.clone(), batches, Some(e)));
                 continue;
             }
@@ -251,7 +252,9 @@ pub(crate) async fn send_loop(core: Arc<Core>, addr: String, wake: Arc<Notify>) 
                 tokio::spawn(complete(core.clone(), response, shared_addr.clone(), entries));
             }
             Err(e) => {
-                tokio::spawn(retry_batches(core.clone(), flatten(entries), Some(e)));
+                let batches = flatten(entries);
+                core.enter_retry(&batches);
+                tokio::spawn(retry_batches(core.clone(), batches, Some(e)));
             }
         }
     }
@@ -379,6 +382,7 @@ async fn answer_unless_moved(
 /// given up with many batches must not pay a backoff for each of them.
 pub(crate) async fn retry_batches(core: Arc<Core>, batches: Vec<SealedBatch>, err: Option<ClientError>) {
     let ctx = &core.ctx;
+    core.enter_retry(&batches);
     let mut path_works = false;
     for mut b in batches {
         let mut last = err.clone();
@@ -395,6 +399,7 @@ pub(crate) async fn retry_batches(core: Arc<Core>, batches: Vec<SealedBatch>, er
                     tracing::debug!(error = %e, "metadata refresh before retry failed");
                 }
             }
+            core.until_retry_turn(&b).await;
             b.renumber(&core);
             match send_one(ctx, &b).await {
                 Ok(offsets) => {
