@@ -451,7 +451,7 @@ async fn write_loop(ctx: Rc<ShardContext>, stream: TcpStream, rx: local_channel:
             sent_with.push((permit, unanswered));
             if let Err(e) = w.push(out_now).await {
                 tracing::debug!(error = %e, "response write failed; closing connection");
-                return w.abort().await;
+                return give_up(w, rx).await;
             }
             if w.buf.len() >= WRITE_COALESCE_BYTES_MAX {
                 break;
@@ -462,7 +462,7 @@ async fn write_loop(ctx: Rc<ShardContext>, stream: TcpStream, rx: local_channel:
             }
         }
         if w.flush().await.is_err() {
-            return w.abort().await;
+            return give_up(w, rx).await;
         }
         drop(sent_with);
         if w.buf.capacity() > WRITE_COALESCE_BYTES_MAX {
@@ -471,6 +471,16 @@ async fn write_loop(ctx: Rc<ShardContext>, stream: TcpStream, rx: local_channel:
     }
     let _closed = w.stream.flush().await;
     let _closed = w.stream.shutdown(std::net::Shutdown::Write).await;
+}
+
+/// After a failed write: shuts the socket down, then takes and drops the
+/// answers still coming until every handler is done. A handler waiting on a
+/// full channel whose receiver is gone would wait for ever (glommio's send
+/// does not notice), holding its request's `Unanswered`, and every graceful
+/// shutdown after would wait its full drain time.
+async fn give_up(w: Writer, rx: local_channel::LocalReceiver<Reply>) {
+    w.abort().await;
+    while rx.recv().await.is_some() {}
 }
 
 /// Appends exactly `n` bytes of `file` from `at` to `out`.

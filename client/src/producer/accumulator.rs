@@ -23,14 +23,17 @@
 //!   lost (a broker restart) waits for its retry push it out of the
 //!   broker's memory, and its retries are refused until its delivery
 //!   timeout, although it is stored.
-//! - **Retries in order.** Once a batch of a partition is to be retried, no
-//!   later batch of it is sent until that one has landed, and a retry goes
-//!   only when it is the partition's oldest unfinished batch and nothing
-//!   else of the partition is on the wire ([`Core::until_retry_turn`]). A
-//!   broker that does not know the producer on a partition (its first
-//!   batches there were lost) accepts any sequence, as Kafka's does
-//!   (KIP-360): a later batch overtaking the lost one would be stored, and
-//!   the lost one refused as out of order for ever.
+//! - **In order, on one path.** A broker that does not know the producer
+//!   on a partition (its first batches there were lost) accepts any
+//!   sequence, as Kafka's does (KIP-360): a later batch that overtakes an
+//!   earlier one is stored, and the earlier one is refused as out of order
+//!   for ever. So a batch goes only when it is the oldest of its partition
+//!   waiting in any sender queue (after a leader move a partition can wait
+//!   in two), when what of its partition is on the wire went to the same
+//!   address (one connection keeps order), and when no earlier batch of
+//!   its partition is to be retried. A retry goes only when it is the
+//!   partition's oldest unfinished batch and nothing else of the partition
+//!   is on the wire ([`Core::until_retry_turn`]).
 
 use super::completion::{Completion, DeliveryFuture};
 use super::sender::{self, SealedBatch, SenderCtx};
@@ -106,8 +109,10 @@ struct PartitionSlot {
     /// waiting in a sender queue and to be retried. The rest are on the
     /// wire.
     unfinished: BTreeSet<u64>,
-    queued: usize,
+    queued: BTreeSet<u64>,
     retrying: BTreeSet<u64>,
+    /// Idempotence: the address the batches on the wire went to.
+    wire_addr: Option<String>,
     /// Idempotence: a batch waits in its sender's queue for the window to
     /// move or the retries before it to land (its sender is woken when a
     /// batch of the partition completes).
@@ -117,14 +122,15 @@ struct PartitionSlot {
 impl PartitionSlot {
     /// Idempotence: batches taken by a sender and not yet answered.
     fn on_wire(&self) -> usize {
-        self.unfinished.len().saturating_sub(self.queued + self.retrying.len())
+        self.unfinished.len().saturating_sub(self.queued.len() + self.retrying.len())
     }
 }
 
-/// Idempotence: whether the sender may send `b` now (see the module docs:
-/// within the window, and behind no retry); marks the partition held when
-/// it may not.
-fn may_send(topics: &mut HashMap<Arc<str>, TopicState, FnvBuild>, b: &SealedBatch) -> bool {
+/// Idempotence: whether the sender of `addr` may send `b` now (see the
+/// module docs: within the window, the oldest queued of its partition, on
+/// the path its partition's batches on the wire took, behind no retry);
+/// marks the partition held when it may not.
+fn may_send(topics: &mut HashMap<Arc<str>, TopicState, FnvBuild>, b: &SealedBatch, addr: &str) -> bool {
     let Some(numbering) = b.numbering else { return true };
     let Some(slot) = topics.get_mut(&b.topic).and_then(|t| t.partitions.get_mut(b.partition as usize)) else {
         return true;
@@ -132,8 +138,10 @@ fn may_send(topics: &mut HashMap<Arc<str>, TopicState, FnvBuild>, b: &SealedBatc
     let ordinal = numbering.ordinal;
     let in_window =
         slot.unfinished.first().is_none_or(|&oldest| ordinal < oldest + IDEMPOTENT_WINDOW_BATCHES);
+    let oldest_queued = slot.queued.first().is_none_or(|&q| q == ordinal);
+    let same_path = slot.on_wire() == 0 || slot.wire_addr.as_deref() == Some(addr);
     let behind_retry = slot.retrying.first().is_some_and(|&first| first < ordinal);
-    let may = in_window && !behind_retry;
+    let may = in_window && oldest_queued && same_path && !behind_retry;
     slot.held |= !may;
     may
 }
@@ -477,8 +485,8 @@ impl Core {
         let slot = &mut t.partitions[partition as usize];
         match self.ctx.cluster.metadata().leader_addr(topic, partition) {
             Ok(addr) => {
-                if idempotent {
-                    slot.queued += 1;
+                if let (true, Some(n)) = (idempotent, sealed.numbering) {
+                    slot.queued.insert(n.ordinal);
                 }
                 let q = self.queue(state, addr);
                 q.sealed.push_back(sealed);
@@ -586,7 +594,9 @@ impl Core {
         let mut guard = self.lock();
         let State { topics, senders, closing, .. } = &mut *guard;
         match senders.get(addr) {
-            Some(q) if !q.ready.is_empty() || q.sealed.iter().any(|b| may_send(topics, b)) => Work::Some,
+            Some(q) if !q.ready.is_empty() || q.sealed.iter().any(|b| may_send(topics, b, addr)) => {
+                Work::Some
+            }
             Some(q) if !q.sealed.is_empty() => Work::Idle,
             _ if *closing => Work::Done,
             _ => Work::Idle,
@@ -618,15 +628,18 @@ impl Core {
                 break;
             }
             let behind = held.iter().any(|h| h.partition == b.partition && h.topic == b.topic);
-            if behind || !may_send(topics, &b) {
+            if behind || !may_send(topics, &b, addr) {
                 held.push(b);
                 continue;
             }
-            if b.numbering.is_some() {
+            if let Some(n) = b.numbering {
                 if let Some(slot) =
                     topics.get_mut(&b.topic).and_then(|t| t.partitions.get_mut(b.partition as usize))
                 {
-                    slot.queued = slot.queued.saturating_sub(1);
+                    slot.queued.remove(&n.ordinal);
+                    if slot.wire_addr.as_deref() != Some(addr) {
+                        slot.wire_addr = Some(addr.to_string());
+                    }
                 }
             }
             bytes += b.data.len();
@@ -654,6 +667,7 @@ impl Core {
             if let Some(ordinal) = ordinal {
                 slot.unfinished.remove(&ordinal);
                 slot.retrying.remove(&ordinal);
+                slot.queued.remove(&ordinal);
                 released = std::mem::take(&mut slot.held);
             }
         }

@@ -375,14 +375,36 @@ async fn answer_unless_moved(
     }
 }
 
-/// Retries batches one by one (in order), up to `retries` attempts each and
-/// no later than `delivery_timeout` after the batch was sealed. An attempt
-/// waits out a backoff and refreshes the metadata first, except right after
-/// the batch before it was delivered: the path works again, and a request
-/// given up with many batches must not pay a backoff for each of them.
+/// Retries batches, each partition's one by one in their order and
+/// partitions side by side (a partition whose retry waits for its turn, an
+/// earlier batch of it being in another retry, holds back no other), up to
+/// `retries` attempts each and no later than `delivery_timeout` after the
+/// batch was sealed. An attempt waits out a backoff and refreshes the
+/// metadata first, except right after the batch before it was delivered:
+/// the path works again, and a request given up with many batches must not
+/// pay a backoff for each of them.
 pub(crate) async fn retry_batches(core: Arc<Core>, batches: Vec<SealedBatch>, err: Option<ClientError>) {
-    let ctx = &core.ctx;
     core.enter_retry(&batches);
+    let mut partitions: Vec<Vec<SealedBatch>> = Vec::new();
+    for b in batches {
+        match partitions.iter_mut().find(|p| p[0].partition == b.partition && p[0].topic == b.topic) {
+            Some(p) => p.push(b),
+            None => partitions.push(vec![b]),
+        }
+    }
+    let mut partitions = partitions.into_iter();
+    let first = partitions.next();
+    for rest in partitions {
+        tokio::spawn(retry_in_order(core.clone(), rest, err.clone()));
+    }
+    if let Some(first) = first {
+        retry_in_order(core, first, err).await;
+    }
+}
+
+/// [`retry_batches`] for the batches of one partition, in their order.
+async fn retry_in_order(core: Arc<Core>, batches: Vec<SealedBatch>, err: Option<ClientError>) {
+    let ctx = &core.ctx;
     let mut path_works = false;
     for mut b in batches {
         let mut last = err.clone();
@@ -399,7 +421,12 @@ pub(crate) async fn retry_batches(core: Arc<Core>, batches: Vec<SealedBatch>, er
                     tracing::debug!(error = %e, "metadata refresh before retry failed");
                 }
             }
-            core.until_retry_turn(&b).await;
+            // Waiting for its turn counts against the delivery timeout.
+            let deadline = tokio::time::Instant::from_std(b.sealed_at + ctx.delivery_timeout);
+            if tokio::time::timeout_at(deadline, core.until_retry_turn(&b)).await.is_err() {
+                last.get_or_insert(ClientError::Timeout);
+                continue;
+            }
             b.renumber(&core);
             match send_one(ctx, &b).await {
                 Ok(offsets) => {
