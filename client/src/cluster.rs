@@ -68,6 +68,11 @@ impl Cluster {
         self.conns.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The id of the live connection to `addr`, if there is one now.
+    pub fn live_connection_id(&self, addr: &str) -> Option<u64> {
+        self.lock_conns().get(addr).filter(|c| !c.is_closed()).map(Connection::id)
+    }
+
     /// The live connection to `addr`, connecting when needed.
     pub async fn connection(&self, addr: &str) -> Result<Connection> {
         if let Some(c) = self.lock_conns().get(addr) {

@@ -30,7 +30,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use shardlog_schema::frame::{FrameLimits, LENGTH_PREFIX_BYTES};
 use std::collections::HashMap;
 use std::io::IoSlice;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -99,8 +99,12 @@ impl Health {
 /// still waits for an answer.
 const GIVEN_UP_CHECK: Duration = Duration::from_millis(100);
 
+/// Tells connections apart (also two to one address, one given up).
+static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
+
 struct Inner {
     addr: String,
+    id: u64,
     next_corr: AtomicU32,
     tx: mpsc::Sender<Outgoing>,
     health: Arc<Health>,
@@ -188,12 +192,18 @@ impl Connection {
         Connection {
             inner: Arc::new(Inner {
                 addr: addr.to_string(),
+                id: NEXT_CONNECTION_ID.fetch_add(1, Ordering::Relaxed),
                 next_corr: AtomicU32::new(1),
                 tx,
                 health,
                 request_timeout: opts.request_timeout,
             }),
         }
+    }
+
+    /// This connection's identity, unique in the process.
+    pub fn id(&self) -> u64 {
+        self.inner.id
     }
 
     /// Whether the connection has failed or closed (callers reconnect).

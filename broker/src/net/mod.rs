@@ -451,6 +451,7 @@ async fn write_loop(ctx: Rc<ShardContext>, stream: TcpStream, rx: local_channel:
             sent_with.push((permit, unanswered));
             if let Err(e) = w.push(out_now).await {
                 tracing::debug!(error = %e, "response write failed; closing connection");
+                drop(sent_with);
                 return give_up(w, rx).await;
             }
             if w.buf.len() >= WRITE_COALESCE_BYTES_MAX {
@@ -462,6 +463,7 @@ async fn write_loop(ctx: Rc<ShardContext>, stream: TcpStream, rx: local_channel:
             }
         }
         if w.flush().await.is_err() {
+            drop(sent_with);
             return give_up(w, rx).await;
         }
         drop(sent_with);

@@ -29,8 +29,9 @@
 //!   earlier one is stored, and the earlier one is refused as out of order
 //!   for ever. So a batch goes only when it is the oldest of its partition
 //!   waiting in any sender queue (after a leader move a partition can wait
-//!   in two), when what of its partition is on the wire went to the same
-//!   address (one connection keeps order), and when no earlier batch of
+//!   in two), when what of its partition is on the wire went on the same
+//!   connection (one connection keeps order; a second one to the same
+//!   address, after the first was given up, does not), and when no earlier batch of
 //!   its partition is to be retried. A retry goes only when it is the
 //!   partition's oldest unfinished batch and nothing else of the partition
 //!   is on the wire ([`Core::until_retry_turn`]).
@@ -111,8 +112,8 @@ struct PartitionSlot {
     unfinished: BTreeSet<u64>,
     queued: BTreeSet<u64>,
     retrying: BTreeSet<u64>,
-    /// Idempotence: the address the batches on the wire went to.
-    wire_addr: Option<String>,
+    /// Idempotence: the connection the batches on the wire went on.
+    wire_conn: Option<u64>,
     /// Idempotence: a batch waits in its sender's queue for the window to
     /// move or the retries before it to land (its sender is woken when a
     /// batch of the partition completes).
@@ -126,11 +127,15 @@ impl PartitionSlot {
     }
 }
 
-/// Idempotence: whether the sender of `addr` may send `b` now (see the
-/// module docs: within the window, the oldest queued of its partition, on
-/// the path its partition's batches on the wire took, behind no retry);
-/// marks the partition held when it may not.
-fn may_send(topics: &mut HashMap<Arc<str>, TopicState, FnvBuild>, b: &SealedBatch, addr: &str) -> bool {
+/// Idempotence: whether `b` may go on connection `conn` now (see the module
+/// docs: within the window, the oldest queued of its partition, on the
+/// connection its partition's batches on the wire went on, behind no
+/// retry); marks the partition held when it may not.
+fn may_send(
+    topics: &mut HashMap<Arc<str>, TopicState, FnvBuild>,
+    b: &SealedBatch,
+    conn: Option<u64>,
+) -> bool {
     let Some(numbering) = b.numbering else { return true };
     let Some(slot) = topics.get_mut(&b.topic).and_then(|t| t.partitions.get_mut(b.partition as usize)) else {
         return true;
@@ -139,7 +144,7 @@ fn may_send(topics: &mut HashMap<Arc<str>, TopicState, FnvBuild>, b: &SealedBatc
     let in_window =
         slot.unfinished.first().is_none_or(|&oldest| ordinal < oldest + IDEMPOTENT_WINDOW_BATCHES);
     let oldest_queued = slot.queued.first().is_none_or(|&q| q == ordinal);
-    let same_path = slot.on_wire() == 0 || slot.wire_addr.as_deref() == Some(addr);
+    let same_path = slot.on_wire() == 0 || (conn.is_some() && slot.wire_conn == conn);
     let behind_retry = slot.retrying.first().is_some_and(|&first| first < ordinal);
     let may = in_window && oldest_queued && same_path && !behind_retry;
     slot.held |= !may;
@@ -590,11 +595,12 @@ impl Core {
     /// Whether the sender of `addr` has something to send. Batches held
     /// back by the idempotence window are not: their sender waits for it
     /// to move.
-    pub(super) fn work(&self, addr: &str) -> Work {
+    /// `conn` is the live connection to `addr`, if any.
+    pub(super) fn work(&self, addr: &str, conn: Option<u64>) -> Work {
         let mut guard = self.lock();
         let State { topics, senders, closing, .. } = &mut *guard;
         match senders.get(addr) {
-            Some(q) if !q.ready.is_empty() || q.sealed.iter().any(|b| may_send(topics, b, addr)) => {
+            Some(q) if !q.ready.is_empty() || q.sealed.iter().any(|b| may_send(topics, b, conn)) => {
                 Work::Some
             }
             Some(q) if !q.sealed.is_empty() => Work::Idle,
@@ -604,8 +610,9 @@ impl Core {
     }
 
     /// Seals the ready batches of `addr` and takes one request's worth
-    /// (at most `request_bytes_max`, at least one batch) of its sealed batches.
-    pub(super) fn take_request(&self, addr: &str) -> Vec<SealedBatch> {
+    /// (at most `request_bytes_max`, at least one batch) of its sealed
+    /// batches, to go on connection `conn` (`None`: to be retried).
+    pub(super) fn take_request(&self, addr: &str, conn: Option<u64>) -> Vec<SealedBatch> {
         let mut guard = self.lock();
         let state = &mut *guard;
         let Some(q) = state.senders.get_mut(addr) else { return Vec::new() };
@@ -628,7 +635,7 @@ impl Core {
                 break;
             }
             let behind = held.iter().any(|h| h.partition == b.partition && h.topic == b.topic);
-            if behind || !may_send(topics, &b, addr) {
+            if behind || !may_send(topics, &b, conn) {
                 held.push(b);
                 continue;
             }
@@ -637,9 +644,7 @@ impl Core {
                     topics.get_mut(&b.topic).and_then(|t| t.partitions.get_mut(b.partition as usize))
                 {
                     slot.queued.remove(&n.ordinal);
-                    if slot.wire_addr.as_deref() != Some(addr) {
-                        slot.wire_addr = Some(addr.to_string());
-                    }
+                    slot.wire_conn = conn;
                 }
             }
             bytes += b.data.len();

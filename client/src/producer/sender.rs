@@ -195,7 +195,7 @@ pub(crate) async fn send_loop(core: Arc<Core>, addr: String, wake: Arc<Notify>) 
     let ctx = &core.ctx;
     let shared_addr: Arc<str> = addr.as_str().into();
     loop {
-        match core.work(&addr) {
+        match core.work(&addr, ctx.cluster.live_connection_id(&addr)) {
             Work::Some => {}
             Work::Idle => {
                 // `notify_one` leaves a permit when nobody waits: no wake-up is lost.
@@ -207,7 +207,7 @@ pub(crate) async fn send_loop(core: Arc<Core>, addr: String, wake: Arc<Notify>) 
         let conn = match ctx.cluster.connection(&addr).await {
             Ok(c) => c,
             Err(e) => {
-                let batches = core.take_request(&addr);
+                let batches = core.take_request(&addr, None);
                 core.enter_retry(&batches);
                 tokio::spawn(retry_batches(core.clone(), batches, Some(e)));
                 continue;
@@ -224,7 +224,7 @@ pub(crate) async fn send_loop(core: Arc<Core>, addr: String, wake: Arc<Notify>) 
                 }
             }
         }
-        let mut batches = core.take_request(&addr);
+        let mut batches = core.take_request(&addr, Some(conn.id()));
         if batches.is_empty() {
             continue;
         }
@@ -375,16 +375,19 @@ async fn answer_unless_moved(
     }
 }
 
-/// Retries batches, each partition's one by one in their order and
-/// partitions side by side (a partition whose retry waits for its turn, an
-/// earlier batch of it being in another retry, holds back no other), up to
-/// `retries` attempts each and no later than `delivery_timeout` after the
-/// batch was sealed. An attempt waits out a backoff and refreshes the
+/// Retries batches one by one in their order; with idempotence each
+/// partition's on their own, partitions side by side (a partition whose
+/// retry waits for its turn, an earlier batch of it being in another retry,
+/// holds back no other). Each batch gets up to `retries` attempts, no
+/// later than `delivery_timeout` after it was sealed. An attempt waits out a backoff and refreshes the
 /// metadata first, except right after the batch before it was delivered:
 /// the path works again, and a request given up with many batches must not
 /// pay a backoff for each of them.
 pub(crate) async fn retry_batches(core: Arc<Core>, batches: Vec<SealedBatch>, err: Option<ClientError>) {
     core.enter_retry(&batches);
+    if batches.iter().all(|b| b.numbering.is_none()) {
+        return retry_in_order(core, batches, err).await;
+    }
     let mut partitions: Vec<Vec<SealedBatch>> = Vec::new();
     for b in batches {
         match partitions.iter_mut().find(|p| p[0].partition == b.partition && p[0].topic == b.topic) {
