@@ -127,6 +127,14 @@ impl PartitionSlot {
     }
 }
 
+/// The slot of `b`'s partition.
+fn slot_of<'t>(
+    topics: &'t mut HashMap<Arc<str>, TopicState, FnvBuild>,
+    b: &SealedBatch,
+) -> Option<&'t mut PartitionSlot> {
+    topics.get_mut(&b.topic).and_then(|t| t.partitions.get_mut(b.partition as usize))
+}
+
 /// Idempotence: whether `b` may go on connection `conn` now (see the module
 /// docs: within the window, the oldest queued of its partition, on the
 /// connection its partition's batches on the wire went on, behind no
@@ -137,9 +145,7 @@ fn may_send(
     conn: Option<u64>,
 ) -> bool {
     let Some(numbering) = b.numbering else { return true };
-    let Some(slot) = topics.get_mut(&b.topic).and_then(|t| t.partitions.get_mut(b.partition as usize)) else {
-        return true;
-    };
+    let Some(slot) = slot_of(topics, b) else { return true };
     let ordinal = numbering.ordinal;
     let in_window =
         slot.unfinished.first().is_none_or(|&oldest| ordinal < oldest + IDEMPOTENT_WINDOW_BATCHES);
@@ -469,7 +475,6 @@ impl Core {
             numbering
         });
         slot.outstanding += 1;
-        let idempotent = numbering.is_some();
         // No copy of the records: the header goes in front of them.
         let data = builder.finish_bytes();
         slot.last_batch_bytes = data.len();
@@ -490,7 +495,7 @@ impl Core {
         let slot = &mut t.partitions[partition as usize];
         match self.ctx.cluster.metadata().leader_addr(topic, partition) {
             Ok(addr) => {
-                if let (true, Some(n)) = (idempotent, sealed.numbering) {
+                if let Some(n) = sealed.numbering {
                     slot.queued.insert(n.ordinal);
                 }
                 let q = self.queue(state, addr);
@@ -640,9 +645,7 @@ impl Core {
                 continue;
             }
             if let Some(n) = b.numbering {
-                if let Some(slot) =
-                    topics.get_mut(&b.topic).and_then(|t| t.partitions.get_mut(b.partition as usize))
-                {
+                if let Some(slot) = slot_of(topics, &b) {
                     slot.queued.remove(&n.ordinal);
                     slot.wire_conn = conn;
                 }
@@ -720,9 +723,7 @@ impl Core {
         let mut state = self.lock();
         for b in batches {
             let Some(n) = b.numbering else { continue };
-            if let Some(slot) =
-                state.topics.get_mut(&b.topic).and_then(|t| t.partitions.get_mut(b.partition as usize))
-            {
+            if let Some(slot) = slot_of(&mut state.topics, b) {
                 slot.retrying.insert(n.ordinal);
             }
         }
