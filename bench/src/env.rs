@@ -276,6 +276,53 @@ fn parse_stat_cpu(stat: &str) -> Option<(u64, u64)> {
     Some((fields.get(11)?.parse().ok()?, fields.get(12)?.parse().ok()?))
 }
 
+/// The whole machine's CPU time, cumulative clock ticks of every CPU from
+/// the first line of `/proc/stat`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MachineSample {
+    pub total: u64,
+    /// idle + iowait.
+    pub idle: u64,
+    /// Taken by the hypervisor for other guests while this one wanted to run.
+    pub steal: u64,
+}
+
+/// `/proc/stat` now, or `None` where it cannot be read.
+#[must_use]
+pub fn sample_machine() -> Option<MachineSample> {
+    parse_proc_stat(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+fn parse_proc_stat(text: &str) -> Option<MachineSample> {
+    let line = text.lines().next()?;
+    let mut fields = line.split_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    // user nice system idle iowait irq softirq steal (guest time is in user).
+    let v: Vec<u64> = fields.take(8).map(str::parse).collect::<Result<_, _>>().ok()?;
+    (v.len() == 8).then(|| MachineSample { total: v.iter().sum(), idle: v[3] + v[4], steal: v[7] })
+}
+
+/// The machine's CPU over a window: what a reader needs to tell a slow
+/// run on a busy or shared host from a slow program.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct MachineSummary {
+    /// Fraction of all CPUs' time idle (or waiting for I/O).
+    pub idle_fraction: f64,
+    /// Fraction of all CPUs' time stolen by the hypervisor.
+    pub steal_fraction: f64,
+}
+
+#[must_use]
+pub fn summarize_machine(first: MachineSample, last: MachineSample) -> Option<MachineSummary> {
+    let total = last.total.checked_sub(first.total).filter(|t| *t > 0)? as f64;
+    Some(MachineSummary {
+        idle_fraction: last.idle.saturating_sub(first.idle) as f64 / total,
+        steal_fraction: last.steal.saturating_sub(first.steal) as f64 / total,
+    })
+}
+
 /// Summary of a sampled series.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProcSummary {
@@ -310,6 +357,19 @@ pub fn summarize(samples: &[ProcSample]) -> ProcSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn machine_cpu_is_split_into_idle_and_stolen() {
+        let a = parse_proc_stat("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\n").unwrap();
+        let b = parse_proc_stat("cpu  200 0 100 900 100 0 0 100 0 0\n").unwrap();
+        assert_eq!(a, MachineSample { total: 1000, idle: 850, steal: 0 });
+        let m = summarize_machine(a, b).unwrap();
+        assert!((m.idle_fraction - 0.375).abs() < 1e-9, "{m:?}");
+        assert!((m.steal_fraction - 0.25).abs() < 1e-9, "{m:?}");
+        assert_eq!(summarize_machine(b, b), None, "no time passed");
+        assert_eq!(parse_proc_stat("intr 1 2 3\n"), None);
+        assert!(sample_machine().is_some(), "this is Linux");
+    }
 
     #[test]
     fn parses_stat_with_a_hostile_command_name() {

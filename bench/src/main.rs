@@ -109,6 +109,11 @@ pub struct RunArgs {
     /// Tokio worker threads of the load generator (default: CPUs it may use).
     #[arg(long)]
     pub client_threads: Option<usize>,
+    /// Record the latency breakdown (client steps, broker stage histograms)
+    /// in closed-loop runs too; open-loop runs always record it. It costs a
+    /// few clock reads per batch and two `/metrics` scrapes.
+    #[arg(long)]
+    pub breakdown: bool,
     /// Parent directory of the spawned brokers' data directories.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,

@@ -10,7 +10,7 @@
 //!   index.ndjson                            one IndexLine per run, append-only
 //! ```
 
-use crate::env::{Environment, ProcSample, ProcSummary};
+use crate::env::{Environment, MachineSummary, ProcSample, ProcSummary};
 use crate::hist::LatencySummary;
 use crate::limits::Limits;
 use crate::order::OrderSummary;
@@ -135,6 +135,10 @@ pub struct RunResult {
     pub broker_samples: Vec<ProcSample>,
     pub broker: ProcSummary,
     pub load_generator: ProcSummary,
+    /// The whole machine's idle and stolen CPU over the window; `None` in
+    /// older reports.
+    #[serde(default)]
+    pub machine: Option<MachineSummary>,
     /// Broker CPU seconds per GB published plus consumed.
     pub broker_cpu_s_per_gb: Option<f64>,
     /// The consumers' order check; `None` only in reports older than it.

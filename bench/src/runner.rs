@@ -214,7 +214,7 @@ fn run_workload(
             rep + 1,
             args.repetitions
         );
-        let result = rt.block_on(run_once(&bootstrap, admin, w, rep, pid));
+        let result = rt.block_on(run_once(&bootstrap, admin, args.breakdown, w, rep, pid));
         let spawned_here = spawned.is_some();
         if let Some(mut b) = spawned {
             b.stop()?;
@@ -284,11 +284,14 @@ struct Run {
     failed: Arc<Mutex<Vec<FailedSend>>>,
     /// The broker's `/metrics` listener, for the latency breakdown.
     admin: Option<String>,
+    /// Record the breakdown in closed loop too (`--breakdown`).
+    breakdown: bool,
 }
 
 async fn run_once(
     bootstrap: &str,
     admin: Option<String>,
+    breakdown: bool,
     w: &Workload,
     rep: u32,
     broker_pid: Option<u32>,
@@ -304,6 +307,7 @@ async fn run_once(
         next_stream: AtomicU32::new(0),
         failed: Arc::default(),
         admin,
+        breakdown,
     });
     create_topics(&run).await?;
     let mut result = RunResult { repetition: rep, ..RunResult::default() };
@@ -339,6 +343,11 @@ async fn run_once(
     result.broker = env::summarize(&in_window(&broker_all));
     result.broker.rss_bytes_max = broker_all.iter().map(|s| s.rss_bytes).max().unwrap_or(0);
     result.load_generator = env::summarize(&in_window(&harness_all));
+    // The same window for the whole machine.
+    let (from, to) = window;
+    let first = samples.machine.iter().rev().find(|(at, _)| *at <= from).or(samples.machine.first());
+    let last = samples.machine.iter().find(|(at, _)| *at >= to).or(samples.machine.last());
+    result.machine = first.zip(last).and_then(|((_, a), (_, b))| env::summarize_machine(*a, *b));
     result.broker_samples = broker_all;
     let gb = (result.publish.bytes + result.consume.bytes) as f64 / 1e9;
     result.broker_cpu_s_per_gb = (broker_pid.is_some() && gb > 0.0).then(|| result.broker.cpu_s / gb);
@@ -438,7 +447,7 @@ async fn spawn_producers(
                 stop_at: start + Duration::from_secs(warmup_s + secs),
                 msgs_max,
                 outstanding_max: w.producer.outstanding_max,
-                steps: matches!(schedule, Schedule::OpenLoop { .. }),
+                steps: run.breakdown || matches!(schedule, Schedule::OpenLoop { .. }),
             };
             handles.push(tokio::spawn(sched::run_producer(
                 sender,
@@ -502,7 +511,7 @@ async fn measured(run: &Arc<Run>, target: Option<f64>, result: &mut RunResult) -
     // The broker's side of the breakdown: its stage histograms when the
     // measured window opens, and again once the consumers are done.
     let from = start + Duration::from_secs(w.warmup_s);
-    let scrape_admin = run.admin.clone().filter(|_| target.is_some());
+    let scrape_admin = run.admin.clone().filter(|_| run.breakdown || target.is_some());
     let first_scrape = scrape_admin.clone().map(|admin| {
         tokio::spawn(async move {
             tokio::time::sleep_until(from.into()).await;
@@ -1086,6 +1095,7 @@ struct Sampler {
 struct Samples {
     broker: Vec<(Instant, ProcSample)>,
     harness: Vec<(Instant, ProcSample)>,
+    machine: Vec<(Instant, env::MachineSample)>,
 }
 
 impl Sampler {
@@ -1101,9 +1111,11 @@ impl Sampler {
                 let now = Instant::now();
                 let broker = broker_pid.and_then(|p| env::sample_proc(p, 0.0));
                 let harness = env::sample_proc(me, 0.0);
+                let machine = env::sample_machine();
                 let mut g = o.lock().expect("sampler lock");
                 g.broker.extend(broker.map(|x| (now, x)));
                 g.harness.extend(harness.map(|x| (now, x)));
+                g.machine.extend(machine.map(|x| (now, x)));
             }
         });
         Sampler { stop, task, out }

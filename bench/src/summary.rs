@@ -113,6 +113,7 @@ pub fn report_markdown(r: &Report, plots: &PlotFiles) -> String {
             }
         }
     }
+    cpu_markdown(&mut md, r);
     breakdown_markdown(&mut md, r);
     let _ = writeln!(md, "\n## Against the machine's limits (measured {})\n", limits_when(r));
     if let Some(l) = &r.limits {
@@ -139,6 +140,47 @@ pub fn report_markdown(r: &Report, plots: &PlotFiles) -> String {
         let _ = writeln!(md, "![{p}]({p})\n");
     }
     md
+}
+
+/// Per repetition: the load generator's and the broker's CPU per record
+/// and per GB (the issue-14 figures: which side is the limit), and how much
+/// of the machine was idle or taken by the hypervisor (a shared host).
+fn cpu_markdown(md: &mut String, r: &Report) {
+    let _ = writeln!(
+        md,
+        "\n## CPU\n\nCPU over the measured window: cores busy on average, CPU microseconds per record \
+         (published plus consumed) and CPU seconds per GB (published plus consumed bytes). The machine \
+         columns are fractions of all its CPUs' time: idle, and stolen by the hypervisor for other \
+         guests.\n\n| repetition | load generator cores | load generator us / record | load generator s / GB \
+         | broker cores | broker us / record | broker s / GB | machine idle | machine stolen |\n\
+         |---|---|---|---|---|---|---|---|---|"
+    );
+    for run in &r.repetitions {
+        let records = (run.publish.msgs + run.consume.msgs) as f64;
+        let gb = (run.publish.bytes + run.consume.bytes) as f64 / 1e9;
+        let per = |cpu_s: f64, n: f64, scale: f64| {
+            if n > 0.0 && cpu_s > 0.0 {
+                format!("{:.3}", cpu_s * scale / n)
+            } else {
+                "-".into()
+            }
+        };
+        let (lg, br) = (&run.load_generator, &run.broker);
+        let frac = |f: Option<f64>| f.map_or_else(|| "-".into(), |v| format!("{:.0} %", v * 100.0));
+        let _ = writeln!(
+            md,
+            "| {} | {:.2} | {} | {} | {:.2} | {} | {} | {} | {} |",
+            run.repetition,
+            lg.cpu_cores_avg,
+            per(lg.cpu_s, records, 1e6),
+            per(lg.cpu_s, gb, 1.0),
+            br.cpu_cores_avg,
+            per(br.cpu_s, records, 1e6),
+            per(br.cpu_s, gb, 1.0),
+            frac(run.machine.map(|m| m.idle_fraction)),
+            frac(run.machine.map(|m| m.steal_fraction)),
+        );
+    }
 }
 
 /// Per repetition with a breakdown: the client's steps, the broker's
