@@ -25,16 +25,16 @@
 //! A producer not seen for [`PRODUCER_EXPIRATION_MS`] is forgotten
 //! ([`ProducerStates::expire`], Kafka's `producer.id.expiration.ms`).
 
-use shardlog_schema::batch::BatchHeader;
+use shardlog_schema::batch::{BatchHeader, IDEMPOTENT_BATCHES_REMEMBERED};
 use std::collections::{HashMap, VecDeque};
 
-/// Batches remembered per producer. Kafka keeps 5, its clients' limit of
-/// `max.in.flight.requests.per.connection` with idempotence; Shardlog's
-/// client sends no batch more than 8 past its partition's oldest unfinished
-/// one (`IDEMPOTENT_WINDOW_BATCHES` there), so each retry it makes is of a
-/// batch remembered here. A retry of one older than the cache (another
-/// client's) is refused as out of order, never stored twice.
-pub const BATCHES_CACHED_MAX: usize = 8;
+/// Batches remembered per producer: the protocol's
+/// [`IDEMPOTENT_BATCHES_REMEMBERED`] (Kafka keeps 5). Shardlog's client
+/// sends no batch further than that past its partition's oldest unfinished
+/// one, so each retry it makes is of a batch remembered here. A retry of
+/// one older than the cache (another client's) is refused as out of order,
+/// never stored twice.
+pub const BATCHES_CACHED_MAX: usize = IDEMPOTENT_BATCHES_REMEMBERED;
 /// A producer unseen this long is forgotten (Kafka's default
 /// `producer.id.expiration.ms`, one day).
 pub const PRODUCER_EXPIRATION_MS: i64 = 86_400_000;
@@ -146,14 +146,16 @@ impl ProducerStates {
         let Some(last) = entry.batches.back() else {
             return Ok(Verdict::Append); // its batches were removed: unknown again
         };
-        if let Some(b) = entry.batches.iter().find(|b| b.first_seq == first_seq && b.last_seq == last_seq) {
-            return Ok(Verdict::Duplicate { base_offset: b.base_offset });
-        }
         let expected = seq_next(last.last_seq);
-        if first_seq != expected {
-            return Err(SeqError::OutOfOrder { producer_id, first_seq, expected });
+        if first_seq == expected {
+            // The common case, and never a remembered batch: those end at
+            // or before `last` (a wrap back to it would take 2^31 records).
+            return Ok(Verdict::Append);
         }
-        Ok(Verdict::Append)
+        match entry.batches.iter().find(|b| b.first_seq == first_seq && b.last_seq == last_seq) {
+            Some(b) => Ok(Verdict::Duplicate { base_offset: b.base_offset }),
+            None => Err(SeqError::OutOfOrder { producer_id, first_seq, expected }),
+        }
     }
 
     /// Checks several batches appended at once (in order): each must be new

@@ -38,13 +38,13 @@
 
 use super::completion::{Completion, DeliveryFuture};
 use super::sender::{self, SealedBatch, SenderCtx};
-use super::{ProducerRecord, IDEMPOTENT_IN_FLIGHT_MAX};
+use super::ProducerRecord;
 use crate::clock::now_ms;
 use crate::cluster::Cluster;
 use crate::config::ProducerConfig;
 use crate::error::ClientError;
 use crate::producer::Partitioner;
-use shardlog_schema::batch::{BatchBuilder, HeaderRef, BATCH_HEADER_BYTES};
+use shardlog_schema::batch::{self, BatchBuilder, HeaderRef, BATCH_HEADER_BYTES};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -56,8 +56,9 @@ const UNKNOWN_TOPIC_TTL: Duration = Duration::from_millis(500);
 /// Smallest initial builder capacity.
 const BUILDER_BYTES_MIN: usize = 4 << 10;
 /// Idempotence: how far past its partition's oldest unfinished batch a
-/// batch may be sent (the broker's `BATCHES_CACHED_MAX`, see the module docs).
-pub(crate) const IDEMPOTENT_WINDOW_BATCHES: u64 = IDEMPOTENT_IN_FLIGHT_MAX as u64;
+/// batch may be sent (what the broker remembers per producer and
+/// partition, see the module docs).
+pub(crate) const IDEMPOTENT_WINDOW_BATCHES: u64 = batch::IDEMPOTENT_BATCHES_REMEMBERED as u64;
 
 /// FNV-1a for the per-record topic lookup: topic names are short and
 /// trusted, and SipHash showed up at ~10% of producer CPU.
