@@ -476,6 +476,10 @@ pub struct BrokerConfig {
     pub hot_tail_shard_bytes: u64,
     /// Most hot-tail bytes of one partition.
     pub hot_tail_partition_bytes: u64,
+    /// Writes of less than a chunk each shard's logs keep in flight at
+    /// once; a busy log that finds them all taken gathers its appends until
+    /// a place frees (`log::gate`).
+    pub small_writes_in_flight_shard: usize,
     /// Files each shard's partition logs may keep open (segment write and
     /// read handles); least recently used ones are closed beyond it. `None`:
     /// the open-files limit less a reserve for sockets, split over the
@@ -512,6 +516,7 @@ impl BrokerConfig {
             fetch_path: FetchPath::Plain,
             hot_tail_shard_bytes: crate::log::HOT_TAIL_SHARD_BYTES_DEFAULT,
             hot_tail_partition_bytes: crate::log::HOT_TAIL_LOG_BYTES_DEFAULT,
+            small_writes_in_flight_shard: crate::log::SMALL_WRITES_IN_FLIGHT_DEFAULT,
             open_files_shard_max: None,
             group: GroupConfig::default(),
             cluster: None,

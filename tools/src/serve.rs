@@ -129,6 +129,11 @@ pub struct ServeArgs {
     /// Most hot-tail bytes of one partition.
     #[arg(long)]
     hot_tail_partition_bytes: Option<u64>,
+    /// Writes of less than a 1 MiB chunk each shard keeps in flight; a busy
+    /// partition that finds them all taken gathers its appends into its next
+    /// write (group commit across partitions; at least 1).
+    #[arg(long, env = "SHARDLOG_SMALL_WRITES_IN_FLIGHT_SHARD")]
+    small_writes_in_flight_shard: Option<usize>,
     /// Files each shard's partition logs keep open at most (least recently
     /// used ones are closed and reopened on demand); default: the open-files
     /// limit less a quarter (at least 1024) for sockets, split over the shards.
@@ -208,6 +213,10 @@ pub fn build_config(args: ServeArgs) -> anyhow::Result<BrokerConfig> {
     }
     if let Some(b) = args.hot_tail_partition_bytes.or(file.hot_tail_partition_bytes) {
         config.hot_tail_partition_bytes = b;
+    }
+    if let Some(n) = args.small_writes_in_flight_shard.or(file.small_writes_in_flight_shard) {
+        anyhow::ensure!(n > 0, "small_writes_in_flight_shard must be at least 1");
+        config.small_writes_in_flight_shard = n;
     }
     config.open_files_shard_max = args.open_files_shard_max.or(file.open_files_shard_max);
     if let Some(path) = args.fetch_path.or(file.fetch_path) {
@@ -377,6 +386,7 @@ mod tests {
         assert_eq!(example.topic_defaults, defaults.topic_defaults);
         assert_eq!(example.hot_tail_shard_bytes, defaults.hot_tail_shard_bytes);
         assert_eq!(example.hot_tail_partition_bytes, defaults.hot_tail_partition_bytes);
+        assert_eq!(example.small_writes_in_flight_shard, defaults.small_writes_in_flight_shard);
         assert_eq!(example.retention_check_interval, defaults.retention_check_interval);
         assert_eq!(example.recovery_point_interval, defaults.recovery_point_interval);
         assert_eq!(example.metrics_partitions_max, defaults.metrics_partitions_max);

@@ -85,6 +85,7 @@ pub struct ServeSettings {
     pub fetch_path: Option<String>,
     pub hot_tail_shard_bytes: Option<u64>,
     pub hot_tail_partition_bytes: Option<u64>,
+    pub small_writes_in_flight_shard: Option<usize>,
     pub open_files_shard_max: Option<usize>,
     pub fetch_bytes_max: Option<u32>,
     pub connection_fetch_bytes_max: Option<u64>,

@@ -28,7 +28,10 @@
 //! order, so `written_pos` only covers bytes every earlier write has landed.
 //! Appends that arrive while writes are in flight fill the next chunks.
 //! A separate sync task issues `fdatasync` (one covers every append written
-//! before it started), so a write and a sync overlap.
+//! before it started), so a write and a sync overlap. A write of less than a
+//! chunk from a busy log also needs a place at the shard's [`WriteGate`]
+//! (`gate`): while the shard's places are taken, such a log gathers its
+//! appends and writes them together when its turn comes.
 //!
 //! ```text
 //!   positions in the active segment, each only grows (except rollback):
@@ -68,6 +71,7 @@ pub mod dump;
 mod epochs;
 mod error;
 mod files;
+mod gate;
 mod hot;
 pub mod index;
 mod notify;
@@ -85,6 +89,7 @@ pub use files::{
     process_files_limit, shard_files_max, FileBudget, OPEN_FILES_RESERVE_FRACTION, OPEN_FILES_RESERVE_MIN,
     OPEN_FILES_SHARD_MIN,
 };
+pub use gate::{WriteGate, SMALL_WRITES_IN_FLIGHT_DEFAULT};
 pub use hot::{HotTailBudget, HOT_TAIL_LOG_BYTES_DEFAULT, HOT_TAIL_SHARD_BYTES_DEFAULT};
 pub use options::{IoStats, LogOptions};
 pub use segment::SegmentFile;
@@ -249,6 +254,8 @@ struct Shared {
     /// at `write_tick` while it is open.
     files: Rc<FileBudget>,
     io_stats: Rc<IoStats>,
+    /// The shard's gate on small writes (`gate`).
+    gate: Rc<WriteGate>,
     write_tick: Cell<Option<u64>>,
     /// A leader-epoch checkpoint write is in progress (`epochs`).
     epochs_writing: Cell<bool>,
@@ -283,6 +290,9 @@ struct State {
     roll_error: Option<LogError>,
     /// Writes issued and not yet completed in order.
     writes_in_flight: usize,
+    /// Queued at the shard's gate for a small write (`gate`).
+    gate_queued: bool,
+
     /// End (block-aligned) of the last write issued; the next may start there.
     issued_end: u64,
     /// Sequence numbers: next to issue, next to complete (in issue order).
@@ -394,6 +404,8 @@ struct WriteJob {
     seq: u64,
     generation: u64,
     issued_at: Instant,
+    /// Holds a place at the shard's gate (a small write).
+    gated: bool,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]

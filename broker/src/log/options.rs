@@ -1,7 +1,7 @@
 //! What a shard hands its logs: the shared budgets and settings
 //! ([`LogOptions`]) and the storage counters they add to ([`IoStats`]).
 
-use super::{FileBudget, HotTailBudget, HOT_TAIL_LOG_BYTES_DEFAULT, OPEN_READERS_DEFAULT};
+use super::{FileBudget, HotTailBudget, WriteGate, HOT_TAIL_LOG_BYTES_DEFAULT, OPEN_READERS_DEFAULT};
 use std::cell::Cell;
 use std::rc::Rc;
 
@@ -41,6 +41,8 @@ pub struct LogOptions {
     pub files: Rc<FileBudget>,
     /// The shard's storage counters, shared by all logs of the shard.
     pub io_stats: Rc<IoStats>,
+    /// The shard's gate on small writes, shared by all logs of the shard.
+    pub gate: Rc<WriteGate>,
     /// Read `.log` segment files with O_DIRECT (on filesystems that support
     /// it) rather than through the page cache: for the plain fetch path,
     /// where cold reads are bulk reads of data the page cache never held.
@@ -58,6 +60,7 @@ impl Default for LogOptions {
             open_readers_max: OPEN_READERS_DEFAULT,
             files: FileBudget::thread_default(),
             io_stats: Rc::default(),
+            gate: WriteGate::thread_default(),
             direct_reads: false,
         }
     }

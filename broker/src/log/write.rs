@@ -89,10 +89,12 @@ impl State {
 
     /// Takes the next aligned write: the first chunk when it is full and more
     /// follows, otherwise the last, partial chunk padded to the block size
-    /// (its partial last block is carried over and rewritten next time).
-    pub(super) fn take_write_job(&mut self, sh: &Shared) -> Option<WriteJob> {
+    /// (its partial last block is carried over and rewritten next time),
+    /// when the shard's gate has a place for it (`Err`: it has none; see
+    /// `gate`).
+    pub(super) fn take_write_job(&mut self, sh: &Shared) -> Result<Option<WriteJob>, GateFull> {
         if self.failed.is_some() {
-            return None;
+            return Ok(None);
         }
         let block = sh.block;
         let a = &mut self.active;
@@ -100,14 +102,24 @@ impl State {
         // block boundary and carried nothing over).
         if a.unwritten_batches.is_empty() || a.fill_len == 0 || self.writes_in_flight >= WRITES_IN_FLIGHT_MAX
         {
-            return None;
+            return Ok(None);
         }
         // A write may not touch a block an earlier write still in flight
         // owns: with one in flight, only a write that starts where it ends.
         if self.writes_in_flight > 0 && a.fill_start < self.issued_end {
-            return None;
+            return Ok(None);
         }
         let pos = a.fill_start;
+        // Only a write that goes straight to the device waits at the gate
+        // (see `gate`): one that must first open its file or preallocate
+        // would hold a place through that too.
+        let small = a.fill_len < CHUNK_BYTES;
+        let ready =
+            a.file.is_some() && (!sh.direct_io || pos + align_up(a.fill_len as u64, block) <= a.allocated);
+        let gated = small && ready;
+        if gated && !sh.gate.try_take() {
+            return Err(GateFull);
+        }
         let (buf, len, data_len) = if a.fill_len >= CHUNK_BYTES {
             let buf = a.fill.pop_front().expect("a full chunk");
             a.fill_start += CHUNK_BYTES as u64;
@@ -158,7 +170,7 @@ impl State {
         self.issued_end = write_end;
         let seq = self.write_seq_issue;
         self.write_seq_issue += 1;
-        Some(WriteJob {
+        Ok(Some(WriteJob {
             base: a.base,
             file: a.file.clone(),
             path: a.path.clone(),
@@ -169,7 +181,8 @@ impl State {
             seq,
             generation: self.write_gen,
             issued_at: Instant::now(),
-        })
+            gated,
+        }))
     }
 
     pub(super) fn complete_write(&mut self, sh: &Shared, job: WriteJob) {
@@ -303,6 +316,9 @@ impl State {
     }
 }
 
+/// The shard's gate had no place for a small write (`gate`).
+pub(super) struct GateFull;
+
 // Tasks are spawned after the state borrow ends: a spawned task may be
 // polled before `spawn_local` returns.
 pub(super) fn kick_write(sh: &Rc<Shared>) {
@@ -312,13 +328,47 @@ pub(super) fn kick_write(sh: &Rc<Shared>) {
             if st.active.end_pos <= st.active.written_pos {
                 return;
             }
-            st.take_write_job(sh)
+            match st.take_write_job(sh) {
+                Ok(job) => job,
+                Err(GateFull) => {
+                    if !st.gate_queued {
+                        st.gate_queued = true;
+                        sh.gate.wait(sh);
+                    }
+                    None
+                }
+            }
         };
         match job {
             Some(job) => {
                 glommio::spawn_local(write_task(sh.clone(), job)).detach();
             }
             None => return,
+        }
+    }
+}
+
+/// Lets queued logs through the shard's gate while it has free places. A
+/// log let through takes a place, needs no write (its own write in flight
+/// kicks it later) or finds the gate full and queues again behind the
+/// others. Each round takes places or shortens the queue, so the loop ends;
+/// it stops early when every log of a round queued again: the gate is full,
+/// and the next completion lets them through.
+fn let_through(gate: &WriteGate) {
+    loop {
+        let next = gate.next_waiters();
+        if next.is_empty() {
+            return;
+        }
+        let mut queued_again = 0;
+        let round = next.len();
+        for sh in next {
+            sh.st.borrow_mut().gate_queued = false;
+            kick_write(&sh);
+            queued_again += usize::from(sh.st.borrow().gate_queued);
+        }
+        if queued_again == round {
+            return;
         }
     }
 }
@@ -340,6 +390,7 @@ pub(super) fn kick_sync(sh: &Rc<Shared>) {
 /// issues the next ones.
 pub(super) async fn write_task(sh: Rc<Shared>, job: WriteJob) {
     let result = run_write(&sh, &job).await;
+    let gated = job.gated;
     {
         let mut st = sh.st.borrow_mut();
         st.write_done.insert(job.seq, (job, result));
@@ -361,6 +412,10 @@ pub(super) async fn write_task(sh: Rc<Shared>, job: WriteJob) {
     budget.enforce();
     sh.changed.notify_all();
     kick_write(&sh);
+    if gated {
+        sh.gate.release();
+        let_through(&sh.gate);
+    }
     kick_sync(&sh);
 }
 

@@ -210,6 +210,7 @@ impl ShardMetrics {
             stages: ctx.log_io_stats().stages.snapshot(),
             log_writes: ctx.log_io_stats().writes.get(),
             log_write_bytes: ctx.log_io_stats().write_bytes.get(),
+            log_write_gate_waits: ctx.log_write_gate().waits(),
             scheduling_delay: self.scheduling_delay.snapshot(),
             stalls: self.stalls.get(),
             logs: {
@@ -318,6 +319,7 @@ pub struct MetricsSnapshot {
     pub stages: Vec<StageSnapshot>,
     pub log_writes: u64,
     pub log_write_bytes: u64,
+    pub log_write_gate_waits: u64,
     pub scheduling_delay: HistogramSnapshot,
     pub stalls: u64,
     /// The shard's partition logs in name order, at most

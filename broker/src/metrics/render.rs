@@ -54,6 +54,12 @@ pub fn render(shards: &[MetricsSnapshot]) -> String {
         "Bytes of completed O_DIRECT segment writes (padding and rewritten partial blocks included).",
         &|s| s.log_write_bytes,
     );
+    family(
+        "log_write_gate_waits_total",
+        "counter",
+        "Times a partition's small write found the shard's write gate full and queued (its appends then go out together).",
+        &|s| s.log_write_gate_waits,
+    );
     family("connections", "gauge", "Open client connections.", &|s| s.connections);
     family("partitions", "gauge", "Partitions owned.", &|s| s.partitions);
     family("log_open_files", "gauge", "Partition log files open (counted in the file budget).", &|s| {

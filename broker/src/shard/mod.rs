@@ -251,6 +251,7 @@ impl ShardContext {
             hot_tail_log_bytes_max: config.hot_tail_partition_bytes,
             files: crate::log::FileBudget::new(files_max),
             direct_reads: splicer.is_none(),
+            gate: Rc::new(crate::log::WriteGate::new(config.small_writes_in_flight_shard)),
             ..Default::default()
         };
         let (outbox, outbox_rx) = (0..config.shards).map(|_| local_channel::new_unbounded()).unzip();
@@ -314,6 +315,11 @@ impl ShardContext {
     /// The shard's storage counters (fdatasync latency).
     pub fn log_io_stats(&self) -> &crate::log::IoStats {
         &self.log_options.io_stats
+    }
+
+    /// The shard's gate on small segment writes.
+    pub fn log_write_gate(&self) -> &crate::log::WriteGate {
+        &self.log_options.gate
     }
 
     /// The shard's hot-tail budget.
