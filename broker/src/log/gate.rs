@@ -27,8 +27,9 @@
 //!
 //! Invariants:
 //! - `in_flight` counts the gated writes issued and not yet completed; each
-//!   completion gives its place back exactly once ([`WriteGate::release`]),
-//!   whatever became of the write (done, failed, rolled back).
+//!   completion gives its place back exactly once (dropping its [`Place`]),
+//!   whatever became of the write (done, failed, rolled back, its task
+//!   dropped).
 //! - A log with unwritten data is always woken later: either its own write is
 //!   in flight (its completion kicks it), or it is in the queue (a
 //!   completion lets it through), or it holds a place.
@@ -43,6 +44,18 @@ use std::rc::{Rc, Weak};
 /// of 1-64 (2 did two thirds as well, 64 left consumers behind again); see
 /// `perf-reports/`.
 pub const SMALL_WRITES_IN_FLIGHT_DEFAULT: usize = 8;
+
+/// A place at the gate, given back when dropped: by the write task once its
+/// write completed (which then lets queued logs through), or with the task
+/// when its executor ends first (so a gate shared by the executors one
+/// thread runs in turn, `WriteGate::thread_default`, never loses places).
+pub(super) struct Place(Rc<WriteGate>);
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
 
 /// See the module docs.
 #[derive(Debug)]
@@ -87,14 +100,14 @@ impl WriteGate {
         self.waits.get()
     }
 
-    /// Takes a place for a small write; `false` when the gate is full.
-    pub(super) fn try_take(&self) -> bool {
+    /// Takes a place for a small write; `None` when the gate is full.
+    pub(super) fn try_take(self: &Rc<Self>) -> Option<Place> {
         let n = self.in_flight.get();
         if n >= self.limit {
-            return false;
+            return None;
         }
         self.in_flight.set(n + 1);
-        true
+        Some(Place(self.clone()))
     }
 
     /// Queues `sh` for the next free place (the caller marks it queued, so
@@ -104,8 +117,7 @@ impl WriteGate {
         self.queue.borrow_mut().push_back(Rc::downgrade(sh));
     }
 
-    /// Gives a place back (the caller then lets queued logs through).
-    pub(super) fn release(&self) {
+    fn release(&self) {
         self.in_flight.set(self.in_flight.get().checked_sub(1).expect("a place was taken"));
     }
 

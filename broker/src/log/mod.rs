@@ -404,8 +404,8 @@ struct WriteJob {
     seq: u64,
     generation: u64,
     issued_at: Instant,
-    /// Holds a place at the shard's gate (a small write).
-    gated: bool,
+    /// Its place at the shard's gate (a small write).
+    place: Option<gate::Place>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]

@@ -116,10 +116,7 @@ impl State {
         let small = a.fill_len < CHUNK_BYTES;
         let ready =
             a.file.is_some() && (!sh.direct_io || pos + align_up(a.fill_len as u64, block) <= a.allocated);
-        let gated = small && ready;
-        if gated && !sh.gate.try_take() {
-            return Err(GateFull);
-        }
+        let place = if small && ready { Some(sh.gate.try_take().ok_or(GateFull)?) } else { None };
         let (buf, len, data_len) = if a.fill_len >= CHUNK_BYTES {
             let buf = a.fill.pop_front().expect("a full chunk");
             a.fill_start += CHUNK_BYTES as u64;
@@ -181,7 +178,7 @@ impl State {
             seq,
             generation: self.write_gen,
             issued_at: Instant::now(),
-            gated,
+            place,
         }))
     }
 
@@ -388,9 +385,9 @@ pub(super) fn kick_sync(sh: &Rc<Shared>) {
 /// Runs one write as its own task (so a cancelled append never leaves a
 /// write half-accounted), then completes finished writes in issue order and
 /// issues the next ones.
-pub(super) async fn write_task(sh: Rc<Shared>, job: WriteJob) {
+pub(super) async fn write_task(sh: Rc<Shared>, mut job: WriteJob) {
     let result = run_write(&sh, &job).await;
-    let gated = job.gated;
+    let place = job.place.take();
     {
         let mut st = sh.st.borrow_mut();
         st.write_done.insert(job.seq, (job, result));
@@ -412,8 +409,8 @@ pub(super) async fn write_task(sh: Rc<Shared>, job: WriteJob) {
     budget.enforce();
     sh.changed.notify_all();
     kick_write(&sh);
-    if gated {
-        sh.gate.release();
+    if let Some(place) = place {
+        drop(place);
         let_through(&sh.gate);
     }
     kick_sync(&sh);
