@@ -10,6 +10,7 @@
 //! may enqueue. A ticket whose append gives up (an error, or its future is
 //! dropped) lets the next one through.
 
+use super::Shared;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeSet;
 
@@ -56,6 +57,27 @@ impl Admission {
     #[cfg(test)]
     pub(super) fn waiting(&self) -> u64 {
         self.next.get() - self.head.get() - self.abandoned.borrow().len() as u64
+    }
+}
+
+/// An append's place in the admission order; giving it up (enqueued,
+/// failed, or the append's future dropped) lets the next append go.
+pub(super) struct Ticket<'a> {
+    sh: &'a Shared,
+    pub(super) number: u64,
+}
+
+impl<'a> Ticket<'a> {
+    pub(super) fn take(sh: &'a Shared) -> Self {
+        Ticket { sh, number: sh.admission.take() }
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if self.sh.admission.release(self.number) {
+            self.sh.changed.notify_all();
+        }
     }
 }
 

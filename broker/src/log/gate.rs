@@ -136,3 +136,31 @@ impl WriteGate {
         out
     }
 }
+
+/// The shard's gate had no place for a small write (`gate`).
+pub(super) struct GateFull;
+
+/// Lets queued logs through the shard's gate while it has free places. A
+/// log let through takes a place, needs no write (its own write in flight
+/// kicks it later) or finds the gate full and queues again behind the
+/// others. Each round takes places or shortens the queue, so the loop ends;
+/// it stops early when every log of a round queued again: the gate is full,
+/// and the next completion lets them through.
+pub(super) fn let_through(gate: &WriteGate) {
+    loop {
+        let next = gate.next_waiters();
+        if next.is_empty() {
+            return;
+        }
+        let mut queued_again = 0;
+        let round = next.len();
+        for sh in next {
+            sh.st.borrow_mut().gate_queued = false;
+            super::write::kick_write(&sh);
+            queued_again += usize::from(sh.st.borrow().gate_queued);
+        }
+        if queued_again == round {
+            return;
+        }
+    }
+}

@@ -415,27 +415,6 @@ struct CleanMarker {
     active_bytes: u64,
 }
 
-/// An append's place in the admission order; giving it up (enqueued,
-/// failed, or the append's future dropped) lets the next append go.
-struct Ticket<'a> {
-    sh: &'a Shared,
-    number: u64,
-}
-
-impl<'a> Ticket<'a> {
-    fn take(sh: &'a Shared) -> Self {
-        Ticket { sh, number: sh.admission.take() }
-    }
-}
-
-impl Drop for Ticket<'_> {
-    fn drop(&mut self) {
-        if self.sh.admission.release(self.number) {
-            self.sh.changed.notify_all();
-        }
-    }
-}
-
 #[must_use]
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
@@ -801,6 +780,7 @@ mod roll;
 mod state;
 mod write;
 
+use admit::Ticket;
 use roll::{roll_task, seal_active, wait_not_rolling};
 use write::{
     close_dma, counted_write_file, flush_inner, flush_timer, kick_write, open_dma, touch_write_file,

@@ -6,6 +6,7 @@
 use super::*;
 use crate::fault::FaultPoint;
 use crate::metrics::Stage;
+use gate::{let_through, GateFull};
 
 impl State {
     /// Copies and stamps the batches into the fill buffer, assigns offsets
@@ -313,9 +314,6 @@ impl State {
     }
 }
 
-/// The shard's gate had no place for a small write (`gate`).
-pub(super) struct GateFull;
-
 // Tasks are spawned after the state borrow ends: a spawned task may be
 // polled before `spawn_local` returns.
 pub(super) fn kick_write(sh: &Rc<Shared>) {
@@ -341,31 +339,6 @@ pub(super) fn kick_write(sh: &Rc<Shared>) {
                 glommio::spawn_local(write_task(sh.clone(), job)).detach();
             }
             None => return,
-        }
-    }
-}
-
-/// Lets queued logs through the shard's gate while it has free places. A
-/// log let through takes a place, needs no write (its own write in flight
-/// kicks it later) or finds the gate full and queues again behind the
-/// others. Each round takes places or shortens the queue, so the loop ends;
-/// it stops early when every log of a round queued again: the gate is full,
-/// and the next completion lets them through.
-fn let_through(gate: &WriteGate) {
-    loop {
-        let next = gate.next_waiters();
-        if next.is_empty() {
-            return;
-        }
-        let mut queued_again = 0;
-        let round = next.len();
-        for sh in next {
-            sh.st.borrow_mut().gate_queued = false;
-            kick_write(&sh);
-            queued_again += usize::from(sh.st.borrow().gate_queued);
-        }
-        if queued_again == round {
-            return;
         }
     }
 }
