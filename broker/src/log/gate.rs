@@ -89,11 +89,6 @@ impl WriteGate {
         THREAD_DEFAULT.with(Rc::clone)
     }
 
-    #[must_use]
-    pub fn limit(&self) -> usize {
-        self.limit
-    }
-
     /// Times a log found the gate full and queued.
     #[must_use]
     pub fn waits(&self) -> u64 {

@@ -29,9 +29,9 @@
 //! Appends that arrive while writes are in flight fill the next chunks.
 //! A separate sync task issues `fdatasync` (one covers every append written
 //! before it started), so a write and a sync overlap. A write of less than a
-//! chunk from a busy log also needs a place at the shard's [`WriteGate`]
-//! (`gate`): while the shard's places are taken, such a log gathers its
-//! appends and writes them together when its turn comes.
+//! chunk that goes straight to the device also needs a place at the shard's
+//! [`WriteGate`] (`gate`): while the shard's places are taken, its log
+//! gathers appends and writes them together when its turn comes.
 //!
 //! ```text
 //!   positions in the active segment, each only grows (except rollback):
