@@ -14,7 +14,7 @@ pub fn render(shards: &[MetricsSnapshot]) -> String {
             let _ = writeln!(out, "shardlog_{name}{{shard=\"{shard}\"}} {}", value(s));
         }
     };
-    family("produce_requests_total", "counter", "Produce requests handled.", &|s| s.produce_requests);
+    family("produce_requests_total", "counter", "Partition appends of produce requests handled (one per partition of each request; a request to 500 partitions counts 500).", &|s| s.produce_requests);
     family("produce_bytes_total", "counter", "Record batch bytes produced.", &|s| s.produce_bytes);
     family("produce_errors_total", "counter", "Produce partition results with an error.", &|s| {
         s.produce_errors
