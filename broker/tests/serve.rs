@@ -219,6 +219,50 @@ fn splice_and_plain_paths_serve_identical_bytes() {
     assert!(served[0] == served[1], "splice and plain responses differ byte for byte");
 }
 
+/// A fetch of 200 partitions, none of them in the hot tail, on the plain
+/// path: a file range of each (one of 400 KB among ranges of a few KB) and
+/// the partial last block from memory; every partition's records come back
+/// whole and in its place.
+#[test]
+fn a_fetch_of_many_cold_partitions_returns_each_ones_records() {
+    use shardlog_broker::config::FetchPath;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let handle = broker_with(dir.path(), |c| {
+        c.shards = 1;
+        c.fetch_path = FetchPath::Plain;
+        c.hot_tail_partition_bytes = 0;
+        c.admin_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    });
+    let mut c = Conn::open(handle.ready.shard_ports[0]);
+    const PARTS: u32 = 200;
+    assert_eq!(c.create_topic("cold", PARTS), ErrorCode::None);
+    let mut expected = Vec::new();
+    for p in 0..PARTS {
+        // At least one whole block each: the partial last block of an
+        // active segment is served from memory.
+        let n = if p == 7 { 400 } else { 5 + p as usize % 3 };
+        let vals: Vec<String> = (0..n).map(|i| format!("{p}-{i}-{}", "c".repeat(1000))).collect();
+        for batch in vals.chunks(100) {
+            let refs: Vec<&str> = batch.iter().map(String::as_str).collect();
+            assert_eq!(c.produce("cold", p, &batch_of(&refs)).0, ErrorCode::None);
+        }
+        expected.push(vals);
+    }
+    let partitions: Vec<u32> = (0..PARTS).collect();
+    let got = c.fetch_many("cold", &partitions, 0);
+    assert_eq!(got.len(), PARTS as usize);
+    for (i, (p, err, data)) in got.into_iter().enumerate() {
+        assert_eq!((p, err), (i as u32, ErrorCode::None));
+        let vals: Vec<String> =
+            values(&data).into_iter().map(|(_, v)| String::from_utf8(v).expect("utf8")).collect();
+        assert_eq!(vals, expected[i], "partition {p}");
+    }
+    let metrics = scrape(handle.ready.admin.expect("admin"));
+    let plain = counter(&metrics, "fetch_bytes_total", "path=\"plain\"");
+    assert!(plain >= u64::from(PARTS) * 4096 + (400 << 10) - 4096, "{plain} bytes read from the files");
+    handle.shutdown().expect("clean shutdown");
+}
+
 fn broker_with(dir: &std::path::Path, tweak: impl FnOnce(&mut BrokerConfig)) -> BrokerHandle {
     let mut config = BrokerConfig::new(dir.to_path_buf(), "127.0.0.1:0".parse().expect("addr"));
     config.shards = 2;

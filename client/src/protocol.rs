@@ -110,6 +110,19 @@ pub struct TopicMetadata {
     pub configs: Vec<(String, String)>,
 }
 
+impl TopicMetadata {
+    /// Partition `partition`: at its index, where brokers list them (in
+    /// order, none missing), else found by a scan. A producer asks once per
+    /// batch; at 1,000 partitions the scan alone was 2.5 % of its CPU.
+    #[must_use]
+    pub fn partition(&self, partition: u32) -> Option<&PartitionInfo> {
+        match self.partitions.get(partition as usize) {
+            Some(p) if p.partition == partition => Some(p),
+            _ => self.partitions.iter().find(|p| p.partition == partition),
+        }
+    }
+}
+
 /// A Metadata response.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ClusterMetadata {
@@ -135,9 +148,7 @@ impl ClusterMetadata {
     pub fn leader_addr(&self, topic: &str, partition: u32) -> Result<String> {
         let t = self.topic(topic).ok_or_else(|| ClientError::UnknownTopic(topic.to_string()))?;
         let p = t
-            .partitions
-            .iter()
-            .find(|p| p.partition == partition)
+            .partition(partition)
             .ok_or_else(|| ClientError::UnknownPartition { topic: topic.to_string(), partition })?;
         if p.error != ErrorCode::None {
             return Err(ClientError::broker(p.error, Some("partition metadata")));
@@ -609,4 +620,50 @@ pub fn decode_list_offsets(raw: &RawResponse) -> Result<Vec<OffsetAnswer>> {
                 .collect()
         })
         .unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(partition: u32) -> PartitionInfo {
+        PartitionInfo {
+            partition,
+            error: ErrorCode::None,
+            leader_broker: 1,
+            leader_shard: 0,
+            leader_port: 9000 + partition as u16,
+            leader_epoch: 0,
+            replicas: vec![1],
+            isr: vec![1],
+        }
+    }
+
+    fn topic(partitions: &[u32]) -> TopicMetadata {
+        TopicMetadata {
+            name: "t".into(),
+            error: ErrorCode::None,
+            partitions: partitions.iter().copied().map(part).collect(),
+            configs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn partitions_are_found_in_order_out_of_order_and_not_when_missing() {
+        let in_order = topic(&[0, 1, 2, 3]);
+        assert_eq!(in_order.partition(2).map(|p| p.partition), Some(2));
+        let shuffled = topic(&[3, 0, 2]);
+        for p in [0, 2, 3] {
+            assert_eq!(shuffled.partition(p).map(|x| x.partition), Some(p));
+        }
+        assert!(shuffled.partition(1).is_none());
+        assert!(in_order.partition(4).is_none());
+        let md = ClusterMetadata {
+            brokers: vec![BrokerInfo { id: 1, host: "h".into(), port: 9092, shard_ports: Vec::new() }],
+            controller_id: 1,
+            topics: vec![shuffled],
+        };
+        assert_eq!(md.leader_addr("t", 2).unwrap(), "h:9002");
+        assert!(matches!(md.leader_addr("t", 1), Err(ClientError::UnknownPartition { partition: 1, .. })));
+    }
 }

@@ -219,29 +219,70 @@ impl Conn {
         offset: i64,
         max_wait_ms: u32,
     ) -> (ErrorCode, Vec<u8>, i64) {
+        self.send_fetch(topic, &[partition], offset, max_wait_ms, 4 << 20);
+        let r = self.recv();
+        let f = r.frame();
+        let p = f.body_as_fetch_response().expect("body").partitions().expect("parts").get(0);
+        assert_eq!(p.bytes() as usize, r.payload.len());
+        (p.error(), r.payload.clone(), p.high_watermark())
+    }
+
+    /// One fetch of many partitions of `topic` from `offset` each (1 MiB per
+    /// partition, 8 MiB in all): each partition's error and data.
+    pub fn fetch_many(
+        &mut self,
+        topic: &str,
+        partitions: &[u32],
+        offset: i64,
+    ) -> Vec<(u32, ErrorCode, Vec<u8>)> {
+        self.send_fetch(topic, partitions, offset, 0, 8 << 20);
+        let r = self.recv();
+        let f = r.frame();
+        let mut at = 0;
+        let parts = f.body_as_fetch_response().expect("body").partitions().expect("parts");
+        let out = parts
+            .iter()
+            .map(|p| {
+                let data = r.payload[at..at + p.bytes() as usize].to_vec();
+                at += data.len();
+                (p.partition(), p.error(), data)
+            })
+            .collect();
+        assert_eq!(at, r.payload.len(), "the partitions' bytes make up the payload");
+        out
+    }
+
+    /// Sends a fetch of `partitions` of `topic` from `offset` each, 1 MiB
+    /// per partition and `max_bytes` in all.
+    fn send_fetch(&mut self, topic: &str, partitions: &[u32], offset: i64, max_wait_ms: u32, max_bytes: u32) {
         self.send(
             ApiKey::Fetch,
             |fbb| {
                 let t = fbb.create_string(topic);
-                let p = wire::FetchPartition::create(
-                    fbb,
-                    &wire::FetchPartitionArgs {
-                        topic: Some(t),
-                        partition,
-                        fetch_offset: offset,
-                        partition_max_bytes: 1 << 20,
-                        current_leader_epoch: -1,
-                        replica_log_end: -1,
-                    },
-                );
-                let ps = fbb.create_vector(&[p]);
+                let ps: Vec<_> = partitions
+                    .iter()
+                    .map(|&partition| {
+                        wire::FetchPartition::create(
+                            fbb,
+                            &wire::FetchPartitionArgs {
+                                topic: Some(t),
+                                partition,
+                                fetch_offset: offset,
+                                partition_max_bytes: 1 << 20,
+                                current_leader_epoch: -1,
+                                replica_log_end: -1,
+                            },
+                        )
+                    })
+                    .collect();
+                let ps = fbb.create_vector(&ps);
                 let b = wire::FetchRequest::create(
                     fbb,
                     &wire::FetchRequestArgs {
                         replica_id: -1,
                         max_wait_ms,
                         min_bytes: 1,
-                        max_bytes: 4 << 20,
+                        max_bytes,
                         partitions: Some(ps),
                     },
                 );
@@ -249,11 +290,6 @@ impl Conn {
             },
             &[],
         );
-        let r = self.recv();
-        let f = r.frame();
-        let p = f.body_as_fetch_response().expect("body").partitions().expect("parts").get(0);
-        assert_eq!(p.bytes() as usize, r.payload.len());
-        (p.error(), r.payload.clone(), p.high_watermark())
     }
 }
 
