@@ -20,18 +20,16 @@
 //! preallocate would hold its place through that too. Whole-chunk writes do
 //! not need a place: they are as large as writes get.
 //!
-//! Where there is nothing to gather the wait is pure latency: at 10,000
-//! partitions a partition gets an append every few hundred milliseconds,
-//! queued logs waited 0.5-0.7 s on average, and publish fell to about half
-//! of ungated. So a sparse log, one whose appends come [`SPARSE_GAP`] or
-//! more apart on average ([`AppendPace`]), goes past a full gate: it takes
-//! a place beyond the limit (counted, so the dense logs behind it wait
-//! until places are back under the limit). A large
-//! `small_writes_in_flight_shard` turns the gate off.
+//! The cost is latency, and with closed-loop producers throughput: at
+//! 10,000 partitions producers alone could push 2.6x more without the gate,
+//! but their one-append writes (6.6x as many) then starve the consumers
+//! (1.5-5 MB/s, e2e p99 70 s, against 20.8 of 20.9 MB/s and 2.3 s with
+//! the gate, full-length runs; a pass for sparse partitions was tried and
+//! reverted, see `perf-reports/`). A large `small_writes_in_flight_shard`
+//! turns the gate off.
 //!
 //! Invariants:
-//! - `in_flight` counts the small writes issued with a place and not yet
-//!   completed (at most `limit` plus those of sparse logs); each
+//! - `in_flight` counts the gated writes issued and not yet completed; each
 //!   completion gives its place back exactly once (dropping its [`Place`]),
 //!   whatever became of the write (done, failed, rolled back, its task
 //!   dropped).
@@ -44,7 +42,6 @@ use super::Shared;
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::{Rc, Weak};
-use std::time::{Duration, Instant};
 
 /// Small writes in flight per shard. At 1,000 partitions 8 and 16 did best
 /// of 1-64 (2 did two thirds as well, 64 left consumers behind again); see
@@ -71,10 +68,6 @@ pub struct WriteGate {
     queue: RefCell<VecDeque<Weak<Shared>>>,
     /// Times a log found the gate full (for `/metrics`).
     waits: Cell<u64>,
-    /// Their time in the queue, summed (for `/metrics`).
-    waited: Cell<Duration>,
-    /// Small writes of sparse logs that went past a full gate (for `/metrics`).
-    passes: Cell<u64>,
 }
 
 thread_local! {
@@ -90,8 +83,6 @@ impl WriteGate {
             in_flight: Cell::new(0),
             queue: RefCell::default(),
             waits: Cell::new(0),
-            waited: Cell::new(Duration::ZERO),
-            passes: Cell::new(0),
         }
     }
 
@@ -107,27 +98,11 @@ impl WriteGate {
         self.waits.get()
     }
 
-    /// Time logs spent queued at the gate, summed.
-    #[must_use]
-    pub fn waited(&self) -> Duration {
-        self.waited.get()
-    }
-
-    /// Small writes of sparse logs that went past a full gate.
-    #[must_use]
-    pub fn passes(&self) -> u64 {
-        self.passes.get()
-    }
-
-    /// Takes a place for a small write; `None` when the gate is full and
-    /// the log is not sparse (`pace`).
-    pub(super) fn try_take(self: &Rc<Self>, pace: &AppendPace) -> Option<Place> {
+    /// Takes a place for a small write; `None` when the gate is full.
+    pub(super) fn try_take(self: &Rc<Self>) -> Option<Place> {
         let n = self.in_flight.get();
         if n >= self.limit {
-            if !pace.sparse() {
-                return None;
-            }
-            self.passes.set(self.passes.get() + 1);
+            return None;
         }
         self.in_flight.set(n + 1);
         Some(Place(self.clone()))
@@ -177,107 +152,13 @@ pub(super) fn let_through(gate: &WriteGate) {
         }
         let mut queued_again = 0;
         let round = next.len();
-        let now = Instant::now();
         for sh in next {
-            if let Some(at) = sh.st.borrow_mut().gate_queued_at.take() {
-                gate.waited.set(gate.waited.get() + now.saturating_duration_since(at));
-            }
+            sh.st.borrow_mut().gate_queued = false;
             super::write::kick_write(&sh);
-            queued_again += usize::from(sh.st.borrow().gate_queued_at.is_some());
+            queued_again += usize::from(sh.st.borrow().gate_queued);
         }
         if queued_again == round {
             return;
         }
-    }
-}
-
-/// How far apart a log's appends come: an exponential moving average
-/// (weight 1/8) of the gaps between them, each counted at most
-/// [`AppendPace::GAP_CAP`].
-///
-/// A log whose appends come [`SPARSE_GAP`] or more apart goes past a full
-/// gate: waiting would gather another append only after that long, a
-/// latency the gate is not worth. At 10,000 partitions (an append per
-/// partition every few hundred milliseconds) queued logs waited 0.5-0.7 s
-/// on average and publish fell to about half; at 1,000 partitions appends
-/// come about 7 ms apart and every log waits as before.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct AppendPace {
-    last: Option<Instant>,
-    gap: Duration,
-}
-
-/// See [`AppendPace`].
-pub(super) const SPARSE_GAP: Duration = Duration::from_millis(100);
-
-impl AppendPace {
-    /// Gaps longer than this count as this long, so a log busy again after
-    /// an idle hour counts as dense again after about 20 appends.
-    const GAP_CAP: Duration = Duration::from_secs(1);
-
-    /// A log with no appends yet counts as dense: it waits like the others
-    /// until its pace is known.
-    pub(super) fn new() -> AppendPace {
-        AppendPace { last: None, gap: Duration::ZERO }
-    }
-
-    /// Notes an append at `now`.
-    pub(super) fn note(&mut self, now: Instant) {
-        if let Some(last) = self.last {
-            let gap = now.saturating_duration_since(last).min(Self::GAP_CAP);
-            self.gap = (self.gap * 7 + gap) / 8;
-        }
-        self.last = Some(now);
-    }
-
-    /// Whether its appends come too far apart to gather any while waiting.
-    pub(super) fn sparse(&self) -> bool {
-        self.gap >= SPARSE_GAP
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pace(gaps_ms: &[u64]) -> AppendPace {
-        let mut p = AppendPace::new();
-        let mut at = Instant::now();
-        p.note(at);
-        for g in gaps_ms {
-            at += Duration::from_millis(*g);
-            p.note(at);
-        }
-        p
-    }
-
-    #[test]
-    fn pace_follows_the_gaps_between_appends() {
-        assert!(!AppendPace::new().sparse(), "unknown pace counts as dense");
-        assert!(!pace(&[]).sparse(), "one append tells nothing");
-        assert!(!pace(&[7; 50]).sparse(), "7 ms apart is dense");
-        // Two producers: appends in pairs, a pair every 500 ms.
-        let pairs: Vec<u64> = (0..40).map(|i| if i % 2 == 0 { 1 } else { 500 }).collect();
-        assert!(pace(&pairs).sparse(), "a pair every 500 ms is sparse");
-        // An idle hour, then busy: dense again within a few dozen appends.
-        let mut woken = vec![3_600_000];
-        woken.extend([5; 30]);
-        assert!(!pace(&woken).sparse(), "busy again after an idle hour");
-        assert!(pace(&[3_600_000, 5]).sparse(), "just woken");
-    }
-
-    #[test]
-    fn only_sparse_logs_go_past_a_full_gate_and_each_place_comes_back() {
-        let gate = Rc::new(WriteGate::new(1));
-        let (dense, sparse) = (pace(&[7; 50]), pace(&[500; 10]));
-        let first = gate.try_take(&dense).expect("a free place");
-        assert!(gate.try_take(&dense).is_none(), "full for a dense log");
-        let passed = gate.try_take(&sparse).expect("a sparse log goes past");
-        assert_eq!((gate.in_flight.get(), gate.passes()), (2, 1));
-        drop(first);
-        assert!(gate.try_take(&dense).is_none(), "the pass still holds a place");
-        drop(passed);
-        assert_eq!(gate.in_flight.get(), 0);
-        assert!(gate.try_take(&dense).is_some());
     }
 }

@@ -290,10 +290,8 @@ struct State {
     roll_error: Option<LogError>,
     /// Writes issued and not yet completed in order.
     writes_in_flight: usize,
-    /// Queued at the shard's gate for a small write since (`gate`).
-    gate_queued_at: Option<Instant>,
-    /// How far apart its appends come (`gate`).
-    pace: gate::AppendPace,
+    /// Queued at the shard's gate for a small write (`gate`).
+    gate_queued: bool,
 
     /// End (block-aligned) of the last write issued; the next may start there.
     issued_end: u64,

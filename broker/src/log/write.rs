@@ -53,7 +53,6 @@ impl State {
         self.stats.appends += 1;
         let slot = Rc::new(Slot::new());
         let now = Instant::now();
-        self.pace.note(now);
         self.unwritten.push_back(Waiter {
             end_pos: a.end_pos,
             durable,
@@ -118,7 +117,7 @@ impl State {
         let small = a.fill_len < CHUNK_BYTES;
         let ready =
             a.file.is_some() && (!sh.direct_io || pos + align_up(a.fill_len as u64, block) <= a.allocated);
-        let place = if small && ready { Some(sh.gate.try_take(&self.pace).ok_or(GateFull)?) } else { None };
+        let place = if small && ready { Some(sh.gate.try_take().ok_or(GateFull)?) } else { None };
         let (buf, len, data_len) = if a.fill_len >= CHUNK_BYTES {
             let buf = a.fill.pop_front().expect("a full chunk");
             a.fill_start += CHUNK_BYTES as u64;
@@ -327,8 +326,8 @@ pub(super) fn kick_write(sh: &Rc<Shared>) {
             match st.take_write_job(sh) {
                 Ok(job) => job,
                 Err(GateFull) => {
-                    if st.gate_queued_at.is_none() {
-                        st.gate_queued_at = Some(Instant::now());
+                    if !st.gate_queued {
+                        st.gate_queued = true;
                         sh.gate.wait(sh);
                     }
                     None

@@ -211,8 +211,6 @@ impl ShardMetrics {
             log_writes: ctx.log_io_stats().writes.get(),
             log_write_bytes: ctx.log_io_stats().write_bytes.get(),
             log_write_gate_waits: ctx.log_write_gate().waits(),
-            log_write_gate_waited: ctx.log_write_gate().waited(),
-            log_write_gate_passes: ctx.log_write_gate().passes(),
             scheduling_delay: self.scheduling_delay.snapshot(),
             stalls: self.stalls.get(),
             logs: {
@@ -322,8 +320,6 @@ pub struct MetricsSnapshot {
     pub log_writes: u64,
     pub log_write_bytes: u64,
     pub log_write_gate_waits: u64,
-    pub log_write_gate_waited: std::time::Duration,
-    pub log_write_gate_passes: u64,
     pub scheduling_delay: HistogramSnapshot,
     pub stalls: u64,
     /// The shard's partition logs in name order, at most

@@ -60,12 +60,6 @@ pub fn render(shards: &[MetricsSnapshot]) -> String {
         "Times a partition's small write found the shard's write gate full and queued (its appends then go out together).",
         &|s| s.log_write_gate_waits,
     );
-    family(
-        "log_write_gate_passes_total",
-        "counter",
-        "Small writes of sparse partitions (appends further apart than a wait would gather) let past a full write gate.",
-        &|s| s.log_write_gate_passes,
-    );
     family("connections", "gauge", "Open client connections.", &|s| s.connections);
     family("partitions", "gauge", "Partitions owned.", &|s| s.partitions);
     family("log_open_files", "gauge", "Partition log files open (counted in the file budget).", &|s| {
@@ -106,14 +100,6 @@ pub fn render(shards: &[MetricsSnapshot]) -> String {
             let _ =
                 writeln!(out, "shardlog_hot_tail_reads_total{{shard=\"{shard}\",result=\"{result}\"}} {v}");
         }
-    }
-    let _ = writeln!(
-        out,
-        "# HELP shardlog_log_write_gate_wait_seconds_total Time partitions spent queued at the shard's write gate, summed.\n# TYPE shardlog_log_write_gate_wait_seconds_total counter"
-    );
-    for (shard, s) in shards.iter().enumerate() {
-        let v = s.log_write_gate_waited.as_secs_f64();
-        let _ = writeln!(out, "shardlog_log_write_gate_wait_seconds_total{{shard=\"{shard}\"}} {v}");
     }
     render_latency(&mut out, shards);
     render_histogram(
