@@ -106,6 +106,7 @@ impl Broker {
             }
             None => Command::new(&opts.binary),
         };
+        die_with_parent(&mut cmd);
         let mut child = cmd
             .args(&args)
             .stdout(Stdio::piped())
@@ -195,6 +196,26 @@ impl Broker {
     }
 }
 
+/// Makes the child get SIGKILL when the thread that spawns it ends, so a
+/// harness killed mid-run (its `Drop` never runs) leaves no broker behind:
+/// orphaned brokers kept burning up to 1.7 of these 2 cores and spoiled the
+/// runs after them. The kernel ties this to the spawning *thread*, not the
+/// process: brokers are spawned from the harness's main thread (`block_on`
+/// runs there), which outlives them. It survives `taskset`'s exec.
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: runs in the child between fork and exec and only calls
+    // prctl(2), which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 impl Drop for Broker {
     fn drop(&mut self) {
         if let Err(e) = self.stop() {
@@ -230,6 +251,42 @@ mod tests {
         assert_eq!(r.unwrap().admin.as_deref(), Some("127.0.0.1:9"));
         assert!(parse_ready("INFO starting").is_none());
         assert!(parse_ready("shardlog ready: shard_ports=x").is_none());
+    }
+
+    /// A child spawned from a thread that then ends is killed (what
+    /// happens to a broker whose harness dies), through `taskset` too.
+    #[test]
+    fn a_child_dies_with_the_thread_that_spawned_it() {
+        use std::os::unix::process::ExitStatusExt;
+        for wrapped in [false, true] {
+            let mut child = std::thread::spawn(move || {
+                let mut cmd = if wrapped {
+                    let mut c = Command::new("taskset");
+                    c.args(["-c", "0", "sleep", "30"]);
+                    c
+                } else {
+                    let mut c = Command::new("sleep");
+                    c.arg("30");
+                    c
+                };
+                super::die_with_parent(&mut cmd);
+                cmd.spawn().expect("spawn sleep")
+            })
+            .join()
+            .expect("spawning thread");
+            let t0 = Instant::now();
+            let status = loop {
+                if let Some(status) = child.try_wait().expect("wait") {
+                    break status;
+                }
+                if t0.elapsed() > Duration::from_secs(10) {
+                    let _ = child.kill();
+                    panic!("the child outlived its spawning thread by 10 s (taskset: {wrapped})");
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            assert_eq!(status.signal(), Some(libc::SIGKILL), "taskset: {wrapped}");
+        }
     }
 
     #[test]
