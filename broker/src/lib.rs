@@ -177,14 +177,17 @@ impl BrokerHandle {
 
 /// `shardlog serve`: starts, prints the ready line, serves until SIGINT or
 /// SIGTERM, then shuts down gracefully. A second signal during the shutdown
-/// exits at once (status 130), as a SIGKILL would: what was acknowledged is
-/// kept and the next start recovers (`log::recovery`).
+/// exits at once (`_exit`, status 128 + the signal: 130 for SIGINT, 143 for
+/// SIGTERM), as a SIGKILL would: what was acknowledged is kept and the next
+/// start recovers (`log::recovery`).
 pub fn run(config: BrokerConfig) -> Result<(), BrokerError> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(BrokerError::Signals)?;
     let handle = start(config)?;
     println!("{}", handle.ready.ready_line());
-    until_signalled(signals, || handle.shutdown(), |_| std::process::exit(130))?;
+    // SAFETY: `_exit` ends the process without running exit handlers or
+    // destructors while the shard threads still run: like a SIGKILL.
+    until_signalled(signals, || handle.shutdown(), |signal| unsafe { libc::_exit(128 + signal) })?;
     tracing::info!("stopped cleanly");
     Ok(())
 }
@@ -211,6 +214,11 @@ fn until_signalled<R>(
             force(signal);
         }
     });
+    // Should the thread not start, later signals are ignored during the
+    // shutdown (signal-hook keeps its handler), as before this existed.
+    if let Err(e) = &second {
+        tracing::warn!(error = %e, "cannot watch for a second signal; the shutdown cannot be cut short");
+    }
     let result = shutdown();
     handle.close();
     if let Ok(t) = second {
@@ -754,11 +762,18 @@ mod tests {
         use std::time::{Duration, Instant};
 
         let forced = Arc::new(AtomicI32::new(0));
+        let started = Arc::new(AtomicI32::new(0));
         let signals = signal_hook::iterator::Signals::new([SIGUSR2]).unwrap();
-        let raiser = std::thread::spawn(|| {
+        let s = started.clone();
+        let raiser = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
             signal_hook::low_level::raise(SIGUSR2).unwrap();
-            std::thread::sleep(Duration::from_millis(300));
+            // The second only once the first was taken (unread signals of
+            // one kind merge into one).
+            while s.load(Ordering::SeqCst) == 0 {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::thread::sleep(Duration::from_millis(100));
             signal_hook::low_level::raise(SIGUSR2).unwrap();
         });
         let t0 = Instant::now();
@@ -766,6 +781,7 @@ mod tests {
         let took = super::until_signalled(
             signals,
             || {
+                started.store(1, Ordering::SeqCst);
                 // A shutdown that takes 10 s unless forced.
                 while forced.load(Ordering::SeqCst) == 0 && t0.elapsed() < Duration::from_secs(10) {
                     std::thread::sleep(Duration::from_millis(5));
@@ -785,7 +801,15 @@ mod tests {
             signal_hook::low_level::raise(SIGUSR1).unwrap();
         });
         let f = forced.clone();
-        let out = super::until_signalled(signals, || 7, move |signal| f.store(signal, Ordering::SeqCst));
+        // A shutdown of 300 ms: time for a stray second signal to show.
+        let out = super::until_signalled(
+            signals,
+            || {
+                std::thread::sleep(Duration::from_millis(300));
+                7
+            },
+            move |signal| f.store(signal, Ordering::SeqCst),
+        );
         raiser.join().unwrap();
         assert_eq!((out, forced.load(Ordering::SeqCst)), (7, 0), "one signal: a clean stop, never forced");
     }

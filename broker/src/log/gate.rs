@@ -20,16 +20,18 @@
 //! preallocate would hold its place through that too. Whole-chunk writes do
 //! not need a place: they are as large as writes get.
 //!
-//! The cost is latency, and with closed-loop producers throughput: at
-//! 10,000 partitions producers alone could push 2.6x more without the gate,
-//! but their one-append writes (6.6x as many) then starve the consumers
-//! (1.5-5 MB/s, e2e p99 70 s, against 20.8 of 20.9 MB/s and 2.3 s with
-//! the gate, full-length runs; a pass for sparse partitions was tried and
-//! reverted, see `perf-reports/`). A large `small_writes_in_flight_shard`
-//! turns the gate off.
+//! The cost is latency, and with closed-loop producers throughput. A pass
+//! for sparse partitions (appends 100 ms or more apart went past a full
+//! gate: 98 % of small writes did at 10,000 partitions, close to ungated)
+//! was tried and reverted: producers pushed 2.6x more, but their one-append
+//! writes (6.6x as many) starved the consumers (1.5-5 MB/s, e2e p99 70 s,
+//! against 20.8 of 20.9 MB/s and 2.3 s with the gate; full-length runs in
+//! `perf-reports/`). A large `small_writes_in_flight_shard` turns the gate
+//! off.
 //!
 //! Invariants:
-//! - `in_flight` counts the gated writes issued and not yet completed; each
+//! - `in_flight` counts the gated writes issued and not yet completed, at
+//!   most `limit`; each
 //!   completion gives its place back exactly once (dropping its [`Place`]),
 //!   whatever became of the write (done, failed, rolled back, its task
 //!   dropped).
